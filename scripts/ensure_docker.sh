@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers. On Debian as root with none running: install
+# docker.io and start dockerd in the background. Elsewhere: say what to install.
+set -euo pipefail
+
+answers() { docker info >/dev/null 2>&1; }
+
+if answers; then exit 0; fi
+if [ -n "${DOCKER_HOST:-}" ]; then
+    echo "DOCKER_HOST=$DOCKER_HOST is set but no Docker engine answers there; start it or unset DOCKER_HOST." >&2
+    exit 1
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "No Docker engine answers. Install and start Docker (https://docs.docker.com/engine/install/)," >&2
+    echo "or point DOCKER_HOST at a running engine, then run this again." >&2
+    exit 1
+fi
+if ! command -v dockerd >/dev/null; then
+    echo "Installing docker.io from Debian's packages..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+fi
+if ! command -v debootstrap >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+fi
+echo "Starting dockerd in the background (log: /var/log/handhold-dockerd.log)..."
+nohup dockerd >/var/log/handhold-dockerd.log 2>&1 &
+for _ in $(seq 1 60); do
+    if answers; then echo "Docker engine is up."; exit 0; fi
+    sleep 1
+done
+echo "dockerd did not answer within 60 s; see /var/log/handhold-dockerd.log" >&2
+exit 1
