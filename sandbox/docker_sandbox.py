@@ -1,0 +1,239 @@
+"""DockerSandbox: a container with limits and one persistent shell session inside it."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import posixpath
+import socket
+import struct
+import tarfile
+import time
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from sandbox.base import SandboxError
+from sandbox.images import LABEL, SANDBOX_USER, docker_client
+from sandbox.shell import (DEFAULT_TIMEOUT, OUTPUT_CAP, STATE_DIR, ShellClosed, ShellSession, run_or_restart,
+                           server_argv)
+from sandbox.worktree import diff_command, head_command, reset_command
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DockerSandboxConfig:
+    network: bool = False
+    """Give the container a network (off by default: the agent works offline)."""
+    memory: str = "2g"
+    """Memory limit (swap included), docker's notation."""
+    cpus: float = 1.0
+    """CPU limit, in cores."""
+    pids: int = 512
+    """Most processes the container may hold (contains fork bombs)."""
+    user: str | None = None
+    """User the shell runs as; None: the image's `agent` user if it has one, else the image default."""
+    timeout: float = DEFAULT_TIMEOUT
+    """Default per-command timeout, seconds."""
+    output_cap: int = OUTPUT_CAP
+    """Bytes of each command's output returned (head and tail kept)."""
+
+
+class DockerSandbox:
+    """A container started from `image`, a shell session in `workdir`, removed on close."""
+
+    def __init__(self, image: str, workdir: str = "/testbed", config: DockerSandboxConfig | None = None,
+                 base_commit: str | None = None, client: docker.DockerClient | None = None):
+        self.image, self.workdir = image, workdir
+        self.config = config or DockerSandboxConfig()
+        self.client = client or docker_client()
+        self.container = None
+        self._shell: ShellSession | None = None
+        self._sock = None
+        try:
+            self.container = self._start_container()
+            self.user = self.config.user if self.config.user is not None else self._default_user()
+            self._start_shell()
+        except Exception:
+            self.close()
+            raise
+        self.base_commit = base_commit or self._head()
+
+    # -- container -----------------------------------------------------------------
+    def _start_container(self):
+        c = self.config
+        try:
+            return self.client.containers.run(
+                self.image, command=["sleep", "infinity"], detach=True, init=True,
+                network_mode="bridge" if c.network else "none",
+                mem_limit=c.memory, memswap_limit=c.memory, nano_cpus=int(c.cpus * 1e9),
+                pids_limit=c.pids, working_dir=self.workdir if self.workdir else None,
+                labels={LABEL: "sandbox", f"{LABEL}.pid": str(os.getpid()),
+                        f"{LABEL}.host": socket.gethostname(), f"{LABEL}.started": str(int(time.time()))},
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxError(f"image {self.image} is not on the engine: build or pull it first") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot start a container from {self.image}: {exc.explanation or exc}") from exc
+
+    def _default_user(self) -> str:
+        probe = self.container.exec_run(["id", "-u", SANDBOX_USER])
+        return SANDBOX_USER if probe.exit_code == 0 else ""
+
+    # -- shell -----------------------------------------------------------------------
+    def _start_shell(self) -> None:
+        marker_session = ShellSession(self._send, self._recv, self._interrupt, cap=self.config.output_cap)
+        argv = server_argv(STATE_DIR, marker_session.marker, self.config.output_cap, self.workdir)
+        exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
+                                              tty=False, user=self.user or "")["Id"]
+        self._sock = self.client.api.exec_start(exec_id, socket=True)._sock
+        self._frame_left, self._header = 0, b""
+        self._shell = marker_session
+
+    def _interrupt(self) -> None:
+        """Kill the running command's process group (the shell loop survives)."""
+        self.container.exec_run(["sh", "-c", f"kill -s KILL -- -$(cat {STATE_DIR}/pid)"], user="root")
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise ShellClosed(str(exc)) from exc
+
+    def _recv(self, timeout: float) -> bytes | None:
+        """Next payload bytes of the multiplexed exec stream (stdout and stderr alike)."""
+        self._sock.settimeout(timeout)
+        try:
+            while self._frame_left == 0:  # 8-byte frame header: stream, 3 pad, length
+                more = self._sock.recv(8 - len(self._header))
+                if not more:
+                    return b""
+                self._header += more
+                if len(self._header) == 8:
+                    self._frame_left = struct.unpack(">BxxxL", self._header)[1]
+                    self._header = b""
+            chunk = self._sock.recv(min(self._frame_left, 1 << 16))
+        except socket.timeout:
+            return None
+        self._frame_left -= len(chunk)
+        return chunk
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        """Run in the session; a hung or exited shell is restarted and the result says so."""
+        timeout = self.config.timeout if timeout is None else timeout
+        return run_or_restart(self._shell, self._restart_shell, command, timeout, self.short_id)
+
+    def _restart_shell(self) -> None:
+        self.container.reload()
+        if self.container.status != "running":
+            raise SandboxError(f"container {self.short_id} is {self.container.status}; the sandbox is gone")
+        self.container.exec_run(["pkill", "-KILL", "-f", "handhold-shell"], user="root")
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._start_shell()
+
+    def _checked(self, command: str, what: str) -> str:
+        result = self.run(command, timeout=max(self.config.timeout, 120))
+        if result.exit_code != 0:
+            raise SandboxError(f"{what} failed in {self.short_id} (exit {result.exit_code}): {result.output[-2000:]}")
+        return result.output
+
+    def _head(self) -> str | None:
+        result = self.run(head_command(self.workdir), timeout=30)
+        return result.output.strip() if result.exit_code == 0 else None
+
+    # -- files -------------------------------------------------------------------------
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else posixpath.join(self.workdir, path)
+
+    def read_file(self, path: str) -> bytes:
+        try:
+            stream, _ = self.container.get_archive(self._abs(path))
+        except docker.errors.NotFound as exc:
+            raise FileNotFoundError(path) from exc
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(path)
+            return tar.extractfile(member).read()
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        target = self._abs(path)
+        data = data.encode() if isinstance(data, str) else data
+        parent = posixpath.dirname(target)
+        self.container.exec_run(["mkdir", "-p", parent], user=self.user or "")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(posixpath.basename(target))
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            uid = 1000 if self.user == SANDBOX_USER else 0
+            info.uid = info.gid = uid
+            tar.addfile(info, io.BytesIO(data))
+        if not self.container.put_archive(parent, buf.getvalue()):
+            raise SandboxError(f"writing {target} in {self.short_id} failed")
+
+    # -- work tree -----------------------------------------------------------------------
+    def diff(self) -> str:
+        return self._checked(diff_command(self.workdir, self.base_commit), "git diff")
+
+    def reset(self) -> None:
+        self._checked(reset_command(self.workdir, self.base_commit), "resetting the work tree")
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def short_id(self) -> str:
+        return self.container.short_id if self.container is not None else "(not started)"
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+        if self.container is not None:
+            try:
+                self.container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                log.warning("could not remove container %s: %s", self.short_id, exc)
+            self.container = None
+
+    def __enter__(self) -> "DockerSandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def reap(client: docker.DockerClient | None = None, max_age: float | None = None) -> list[str]:
+    """Remove handhold containers whose process on this host is gone (or older than max_age s)."""
+    client = client or docker_client()
+    host, removed = socket.gethostname(), []
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=sandbox"}):
+        labels = container.labels
+        pid, started = int(labels.get(f"{LABEL}.pid", "0")), int(labels.get(f"{LABEL}.started", "0"))
+        orphan = labels.get(f"{LABEL}.host") == host and not _alive(pid)
+        expired = max_age is not None and time.time() - started > max_age
+        if orphan or expired:
+            container.remove(force=True)
+            removed.append(container.short_id)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,113 @@
+"""LocalSandbox: the Sandbox protocol on a temporary copy of a directory.
+
+No isolation at all: commands run as this user, on this machine, with its network.
+It exists for development without Docker and for fast unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from sandbox.base import CommandResult
+from sandbox.shell import DEFAULT_TIMEOUT, OUTPUT_CAP, ShellSession, run_or_restart, server_argv
+from sandbox.worktree import diff_command, head_command, reset_command
+
+
+class LocalSandbox:
+    """A copy of `source` (or an empty dir) in a temp dir, and a local persistent shell."""
+
+    def __init__(self, source: str | os.PathLike | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 output_cap: int = OUTPUT_CAP, base_commit: str | None = None):
+        self._root = tempfile.mkdtemp(prefix="handhold-local-")
+        self.workdir = os.path.join(self._root, "work")
+        if source is not None:
+            shutil.copytree(source, self.workdir, symlinks=True)
+        else:
+            os.makedirs(self.workdir)
+        self._state = os.path.join(self._root, "shell")
+        self.timeout, self.output_cap = timeout, output_cap
+        self._proc: subprocess.Popen | None = None
+        self._start_shell()
+        self.base_commit = base_commit or self._head()
+
+    def _start_shell(self) -> None:
+        session = ShellSession(self._send, self._recv, self._interrupt, cap=self.output_cap)
+        argv = server_argv(self._state, session.marker, self.output_cap, self.workdir)
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self._shell = session
+
+    def _send(self, data: bytes) -> None:
+        self._proc.stdin.write(data)
+        self._proc.stdin.flush()
+
+    def _recv(self, timeout: float) -> bytes | None:
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        return os.read(self._proc.stdout.fileno(), 1 << 16) if ready else None
+
+    def _interrupt(self) -> None:
+        try:
+            os.killpg(int(Path(self._state, "pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+    def _restart_shell(self) -> None:
+        self._stop_shell()
+        self._start_shell()
+
+    def _stop_shell(self) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._proc.stdout.close()
+            self._proc = None
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        timeout = self.timeout if timeout is None else timeout
+        return run_or_restart(self._shell, self._restart_shell, command, timeout, self._root)
+
+    def _head(self) -> str | None:
+        result = self.run(head_command(self.workdir), timeout=30)
+        return result.output.strip() if result.exit_code == 0 else None
+
+    def _path(self, path: str) -> Path:
+        return Path(path if os.path.isabs(path) else os.path.join(self.workdir, path))
+
+    def read_file(self, path: str) -> bytes:
+        return self._path(path).read_bytes()
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    def diff(self) -> str:
+        result = self.run(diff_command(self.workdir, self.base_commit), timeout=120)
+        if result.exit_code != 0:
+            raise RuntimeError(f"git diff failed in {self.workdir}: {result.output[-2000:]}")
+        return result.output
+
+    def reset(self) -> None:
+        result = self.run(reset_command(self.workdir, self.base_commit), timeout=120)
+        if result.exit_code != 0:
+            raise RuntimeError(f"resetting {self.workdir} failed: {result.output[-2000:]}")
+
+    def close(self) -> None:
+        self._stop_shell()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> "LocalSandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

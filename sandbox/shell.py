@@ -1,0 +1,155 @@
+"""A persistent shell session spoken to over a byte stream.
+
+One long-lived bash loop reads requests (`<timeout> <length>` a line, then the command) and runs
+each command in a child bash under `timeout`, so a command's whole process group can be
+killed without killing the session. The child restores the previous command's cwd and
+exported variables and saves them on exit, which is what makes them persist. Output goes
+to a file; the loop sends back a header (marker, exit code, size) and at most `cap`
+bytes, the head and the tail. Commands read /dev/null as stdin, and background processes
+they leave write to the file, not to the session, so they cannot hang it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Callable
+
+from sandbox.base import CommandResult
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "/tmp/.handhold-shell"
+
+# $1: state dir, $2: marker, $3: output cap in bytes, $4: workdir.
+# The loop's own locale is C (not exported) so that `read -N` counts bytes; the common
+# path spawns only the command's bash, as a job of its own (`set -m`: its own process
+# group, whose id it writes to $S/pid for `interrupt`). NUL bytes in output are dropped.
+SERVER_SCRIPT = r"""
+S="$1"; M="$2"; CAP="$3"; mkdir -p "$S"; cd "$4" 2>/dev/null || cd /
+{ export -p; printf 'cd -- %q\n' "$PWD"; } > "$S/state"
+printf '%s\n' '. "$S/state" 2>/dev/null' \
+  'trap '"'"'{ export -p; printf "cd -- %q\n" "$PWD"; } > "$S/state"'"'"' EXIT' '. "$S/cmd"' > "$S/run"
+export S; export -n LC_ALL; LC_ALL=C; set -m
+while IFS= read -r N; do
+  IFS= read -r -d '' -N "$N" CMD; printf '%s' "$CMD" > "$S/cmd"
+  bash --noprofile --norc "$S/run" < /dev/null > "$S/out" 2>&1 &
+  printf '%s\n' "$!" > "$S/pid"; wait "$!"
+  EC=$?; OUT=
+  IFS= read -r -d '' -N $((CAP + 1)) OUT < "$S/out"
+  if [ "${#OUT}" -le "$CAP" ]; then
+    printf '%s %d %d\n%s' "$M" "$EC" "${#OUT}" "$OUT"
+  else
+    N=$(stat -c %s "$S/out"); printf '%s %d %d\n' "$M" "$EC" "$N"
+    head -c $((CAP / 2)) "$S/out"; tail -c $((CAP / 2)) "$S/out"
+  fi
+done
+"""
+
+OUTPUT_CAP = 100_000  # bytes of a command's output that come back (head and tail halves)
+DEFAULT_TIMEOUT = 120.0  # seconds
+KILL_GRACE = 10.0  # seconds the loop gets to answer once its command was killed
+
+
+class ShellClosed(Exception):
+    """The session's stream ended or hung: the shell must be restarted."""
+
+
+class ShellSession:
+    """Speaks the protocol above over `send(bytes)` and `recv(timeout)`.
+
+    `recv` returns the next bytes, b"" once the stream has ended, or None when nothing
+    came within `timeout` seconds.
+    """
+
+    def __init__(self, send: Callable[[bytes], None], recv: Callable[[float], bytes | None],
+                 interrupt: Callable[[], None], cap: int = OUTPUT_CAP):
+        self._send, self._recv, self._interrupt = send, recv, interrupt
+        self.cap = cap
+        self.marker = "__HANDHOLD_" + secrets.token_hex(8) + "__"
+        self._buf = b""
+
+    def run(self, command: str, timeout: float) -> CommandResult:
+        start = time.monotonic()
+        data = command.replace("\0", "").encode()
+        self._send(f"{len(data)}\n".encode() + data)
+        self._deadline, self._timed_out = start + timeout, False
+        header = self._read_header()
+        _, code, size = header.split(b" ")
+        exit_code, size = int(code), int(size)
+        body = self._read_exact(min(size, self.cap))
+        duration = time.monotonic() - start
+        cut = max(size - self.cap, 0)
+        return CommandResult(
+            exit_code=exit_code,
+            output=_decode(body, cut, self.cap),
+            duration=duration,
+            timed_out=self._timed_out,
+            cut_bytes=cut,
+        )
+
+    def _read_header(self) -> bytes:
+        marker = self.marker.encode()
+        while True:
+            at = self._buf.find(marker)
+            if at >= 0:
+                end = self._buf.find(b"\n", at)
+                if end >= 0:
+                    header = self._buf[at:end]
+                    self._buf = self._buf[end + 1:]
+                    return header
+            self._fill()
+
+    def _read_exact(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            self._fill()
+        data, self._buf = self._buf[:n], self._buf[n:]
+        return data
+
+    def _fill(self) -> None:
+        while True:
+            left = self._deadline - time.monotonic()
+            if left <= 0 and not self._timed_out:
+                self._interrupt()  # kill the command's process group; the loop then answers
+                self._timed_out = True
+                self._deadline = time.monotonic() + KILL_GRACE
+                continue
+            if left <= 0:
+                raise ShellClosed("the shell did not answer after the command was killed")
+            chunk = self._recv(left)
+            if chunk == b"":
+                raise ShellClosed("the shell exited")
+            if chunk is not None:
+                self._buf += chunk
+                return
+
+
+def run_or_restart(shell: ShellSession, restart: Callable[[], None], command: str, timeout: float,
+                   name: str) -> CommandResult:
+    """Run on the session; if the shell hung or exited, restart it and say so in the result."""
+    try:
+        return shell.run(command, timeout)
+    except (ShellClosed, OSError) as exc:
+        log.warning("sandbox %s: shell lost (%s); restarting it", name, exc)
+        restart()
+        return CommandResult(exit_code=-1, output=f"[the shell was lost ({exc}) and restarted; "
+                             "cwd and exported variables were reset]", duration=timeout,
+                             timed_out=True, shell_restarted=True)
+
+
+def _decode(body: bytes, cut: int, cap: int) -> str:
+    if not cut:
+        return body.decode("utf-8", errors="replace")
+    head, tail = body[: cap // 2], body[cap // 2:]
+    return (
+        head.decode("utf-8", errors="replace")
+        + f"\n[... {cut} bytes of output cut ...]\n"
+        + tail.decode("utf-8", errors="replace")
+    )
+
+
+def server_argv(state_dir: str, marker: str, cap: int, workdir: str) -> list[str]:
+    """The command line that starts the session's server loop."""
+    return ["bash", "--noprofile", "--norc", "-c", SERVER_SCRIPT, "handhold-shell", state_dir, marker,
+            str(cap), workdir]
