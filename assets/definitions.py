@@ -1,0 +1,23 @@
+"""The handhold code location: `dagster dev -m assets.definitions`."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.environments import sandbox_base_image
+from assets.resources import HandholdSettings
+
+all_assets = [sandbox_base_image]
+
+main_job = dg.define_asset_job("main", selection=dg.AssetSelection.all(),
+                               description="The whole graph: environments to trained policy.")
+
+nightly = dg.ScheduleDefinition(name="nightly", job=main_job, cron_schedule="0 2 * * *",
+                                default_status=dg.DefaultScheduleStatus.STOPPED)
+
+defs = dg.Definitions(
+    assets=all_assets,
+    jobs=[main_job],
+    schedules=[nightly],
+    resources={"settings": HandholdSettings()},
+)

@@ -1,0 +1,99 @@
+"""Per-command time through DockerSandbox's session versus one `docker exec` per command,
+and the work-tree reset versus recreating the container. Prints medians and ratios.
+
+    python benchmarks/sandbox_exec.py [--commands 200] [--files 1000]
+Targets: session median < 5 ms and < 0.1x docker exec; reset < 300 ms for 1,000 files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from sandbox import DockerSandbox
+from sandbox.images import docker_client, ensure_base_image
+
+REPO = "/home/agent/repo"
+
+
+def time_session(sb: DockerSandbox, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        sb.run("true")
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def time_docker_exec(sb: DockerSandbox, n: int) -> list[float]:
+    """What mini-swe-agent does: a fresh `docker exec` (here through the same SDK) per command."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        sb.container.exec_run(["bash", "-lc", "true"], user=sb.user)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def make_work_tree(sb: DockerSandbox, files: int) -> None:
+    script = (
+        f"mkdir -p {REPO} && cd {REPO} && git init -q && git config user.email b@b && git config user.name b"
+        f" && for i in $(seq {files}); do d=pkg$((i % 20)); mkdir -p $d; echo \"x = $i\" > $d/m$i.py; done"
+        " && git add -A && git commit -qm base"
+    )
+    assert sb.run(script, timeout=300).exit_code == 0
+    sb.workdir, sb.base_commit = REPO, sb.run(f"git -C {REPO} rev-parse HEAD").output.strip()
+
+
+def dirty(sb: DockerSandbox) -> None:
+    sb.run(f"cd {REPO} && for i in $(seq 1 50); do echo changed >> pkg$((i % 20))/m$i.py; done; "
+           "touch new1.py new2.py; rm pkg1/m1.py")
+
+
+def time_reset(sb: DockerSandbox, rounds: int) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        dirty(sb)
+        start = time.perf_counter()
+        sb.reset()
+        times.append(time.perf_counter() - start)
+        assert sb.diff() == ""
+    return times
+
+
+def time_recreate(image: str, rounds: int) -> list[float]:
+    """The alternative to reset: throw the container away and start a fresh one."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        DockerSandbox(image, workdir="/tmp").close()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commands", type=int, default=200)
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    image = ensure_base_image(client=docker_client())
+    with DockerSandbox(image, workdir="/tmp") as sb:
+        time_session(sb, 20)  # warm up
+        session = statistics.median(time_session(sb, args.commands)) * 1000
+        exec_ = statistics.median(time_docker_exec(sb, args.commands)) * 1000
+        make_work_tree(sb, args.files)
+        reset = statistics.median(time_reset(sb, args.rounds)) * 1000
+    recreate = statistics.median(time_recreate(image, args.rounds)) * 1000
+    print(f"commands: {args.commands} each way")
+    print(f"session median      {session:8.2f} ms   (target < 5 ms)")
+    print(f"docker exec median  {exec_:8.2f} ms")
+    print(f"ratio session/exec  {session / exec_:8.3f}    (target < 0.1)")
+    print(f"reset median        {reset:8.2f} ms   ({args.files} files; target < 300 ms)")
+    print(f"recreate median     {recreate:8.2f} ms   (new container instead of reset)")
+    print(f"ratio reset/recreate {reset / recreate:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
