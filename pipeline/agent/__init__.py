@@ -1,0 +1,1 @@
+"""The agent: its loop, tools, prompts and the policies (models) that drive it."""

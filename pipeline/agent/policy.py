@@ -1,0 +1,107 @@
+"""The Policy protocol (the model side of the agent), its turn record and the shared retry loop."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one model call, as the server reported them."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    """One model reply, in OpenAI chat format, with what it cost."""
+
+    message: dict
+    """{"role": "assistant", "content": str | None, "tool_calls": [...] (absent when none)};
+    each tool call is {"id", "type": "function", "function": {"name", "arguments": <JSON string>}}."""
+    usage: Usage
+    logprobs: tuple[float, ...] | None = None
+    """Log-probability of each generated token under the raw model, when the server gives them."""
+    latency: float = 0.0  # seconds, including retries
+    finish_reason: str = ""
+    """OpenAI's vocabulary: 'stop', 'tool_calls', 'length', or what the server said."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A model that answers a chat with a message (text and/or tool calls)."""
+
+    name: str
+    """'openai:<model>', 'anthropic:<model>', 'hf:<path>', 'heuristic', ..."""
+    native_tools: bool
+    """True: takes tool schemas and returns tool_calls; False: the agent uses a text tool format."""
+
+    def settings(self) -> dict:
+        """Sampling settings and endpoint, for storing with trajectories; never an API key."""
+        ...
+
+    def act(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> AssistantTurn:
+        """Answer `messages` (OpenAI chat format) given OpenAI function-tool schemas."""
+        ...
+
+
+class PolicyError(RuntimeError):
+    """The model server failed after retries (infrastructure, not the model's fault)."""
+
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+def is_retryable_status(status: int) -> bool:
+    """429, timeouts, conflicts and every 5xx (Anthropic's 529 'overloaded' included)."""
+    return status in RETRYABLE_STATUS or status >= 500
+
+
+def call_with_retries(
+    call: Callable[[], T],
+    *,
+    retry_after: Callable[[Exception], float | None],
+    max_retries: int,
+    initial_delay: float,
+    max_delay: float,
+    what: str,
+) -> T:
+    """Run `call`; on an error `retry_after` accepts, wait with exponential backoff and retry.
+
+    `retry_after(error)` returns None for an error that must propagate as is, else the
+    server's Retry-After hint in seconds (0.0 when none). After `max_retries` retries the
+    last error is raised as PolicyError.
+    """
+    for attempt in range(max_retries + 1):
+        try:
+            return call()
+        except Exception as error:
+            hint = retry_after(error)
+            if hint is None:
+                raise
+            if attempt == max_retries:
+                raise PolicyError(f"{what} failed after {attempt + 1} attempts: {error}") from error
+            backoff = initial_delay * 2**attempt * (0.5 + random.random() / 2)  # jitter spreads herds
+            time.sleep(min(max_delay, max(backoff, hint)))
+    raise AssertionError("unreachable")
+
+
+def header_seconds(headers: object) -> float:
+    """Seconds from a Retry-After (or retry-after-ms) header; 0.0 when absent or unreadable."""
+    get = getattr(headers, "get", None)
+    if get is None:
+        return 0.0
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = get(name)
+        if value:
+            try:
+                return float(value) * scale
+            except ValueError:
+                return 0.0
+    return 0.0

@@ -1,0 +1,112 @@
+"""LocalHFPolicy on the offline tiny model, and the tiny model builder itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.agent.hf_policy import LocalHFPolicy, LocalHFPolicyConfig, parse_tool_calls, template_messages
+from pipeline.agent.policy import Policy
+from training.tiny_model import CHAT_TEMPLATE, MODEL_FILES, build_tiny_model
+
+CHAT = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Fix it."},
+    {"role": "assistant", "content": "Looking.", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "a.py b.py"},
+]
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command.",
+                                         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def policy(path, **overrides) -> LocalHFPolicy:
+    return LocalHFPolicy(LocalHFPolicyConfig(model_path=str(path), **{"max_new_tokens": 12, **overrides}))
+
+
+def test_build_is_idempotent(tiny):
+    stamps = {name: (tiny / name).stat().st_mtime_ns for name in MODEL_FILES}
+    assert build_tiny_model(tiny) == tiny
+    assert {name: (tiny / name).stat().st_mtime_ns for name in MODEL_FILES} == stamps
+    assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_build_refuses_a_directory_holding_something_else(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="no complete tiny model"):
+        build_tiny_model(tmp_path)
+
+
+def test_template_renders_tool_calls_and_tool_turns(tiny):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    text = tokenizer.apply_chat_template(template_messages(CHAT), tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou fix bugs.<|im_end|>\n<|im_start|>user\nFix it.<|im_end|>\n"
+        '<|im_start|>assistant\nLooking.\n<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}'
+        "</tool_call><|im_end|>\n<|im_start|>tool\na.py b.py<|im_end|>\n<|im_start|>assistant\n")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 5
+    assert tokenizer.decode(ids) == text
+
+
+def test_act_returns_text_usage_and_one_logprob_per_generated_token(tiny):
+    hf = policy(tiny)
+    turn = hf.act(CHAT, [BASH], seed=1)
+    assert isinstance(hf, Policy) and hf.name == f"hf:{tiny}" and hf.native_tools is False
+    assert turn.message["role"] == "assistant" and isinstance(turn.message["content"], str)
+    assert "tool_calls" not in turn.message
+    assert 1 <= turn.usage.completion_tokens <= 12 and turn.usage.prompt_tokens > 20
+    assert len(turn.logprobs) == turn.usage.completion_tokens
+    assert all(lp <= 0.0 for lp in turn.logprobs)
+    assert turn.finish_reason in ("stop", "length") and turn.latency > 0
+    assert hf.settings()["max_new_tokens"] == 12
+
+
+def test_same_seed_same_reply_and_global_rng_untouched(tiny):
+    import torch
+
+    hf = policy(tiny)
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    first, second = hf.act(CHAT, [], seed=5), hf.act(CHAT, [], seed=5)
+    assert torch.rand(1) == expected_next
+    assert first.message == second.message and first.logprobs == second.logprobs
+
+
+def test_greedy_logprobs_are_the_model_maxima(tiny):
+    import torch
+
+    hf = policy(tiny, temperature=0.0, max_new_tokens=4)
+    turn = hf.act(CHAT, [])
+    prompt = hf.tokenizer.apply_chat_template(template_messages(CHAT), tokenize=False, add_generation_prompt=True)
+    ids = hf.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        best = torch.log_softmax(hf.model(ids).logits[0, -1], dim=-1).max().item()
+    assert turn.logprobs[0] == pytest.approx(best, abs=1e-5)
+
+
+def test_a_template_that_takes_tools_makes_the_policy_native(tiny):
+    template = "{{ tools | tojson }}" + CHAT_TEMPLATE
+    hf = policy(tiny, chat_template=template)
+    turn = hf.act(CHAT, [BASH], seed=0)
+    assert hf.native_tools and hf.settings()["native_tools"]
+    assert turn.message["role"] == "assistant" and len(turn.logprobs) == turn.usage.completion_tokens
+
+
+def test_hermes_tool_calls_are_parsed_from_text():
+    text = ('I will look.\n<tool_call>{"name": "bash", "arguments": {"cmd": "ls -la"}}</tool_call>\n'
+            "<tool_call>{not json}</tool_call>")
+    message = parse_tool_calls(text)
+    assert message["content"] == "I will look.\n\n<tool_call>{not json}</tool_call>"
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"]) == {"cmd": "ls -la"}
+    assert parse_tool_calls("plain") == {"role": "assistant", "content": "plain"}

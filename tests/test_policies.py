@@ -1,0 +1,246 @@
+"""OpenAIPolicy and AnthropicPolicy through the real SDKs over HTTP to loopback servers."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from pipeline.agent.anthropic_policy import (
+    AnthropicPolicy,
+    AnthropicPolicyConfig,
+    to_anthropic_messages,
+    to_anthropic_tools,
+)
+from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
+from pipeline.agent.policy import Policy, PolicyError
+from tests.loopback import DEFAULT_LOGPROB, AnthropicServer, OpenAIServer, Reply, ToolCall
+
+OPENAI_KEY = "sk-loopback-openai-secret"
+ANTHROPIC_KEY = "sk-ant-loopback-secret"
+FAST = dict(retry_initial_delay=0.001, retry_max_delay=0.01, timeout=10.0)
+BASH = {"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+ARGS = {"cmd": "grep -rn 'def f' src/ | head -5", "nested": {"list": [1, 2.5, None], "ü": "✓"}}
+CHAT = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix it."}]
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+
+
+def openai_policy(base_url: str, **overrides) -> OpenAIPolicy:
+    return OpenAIPolicy(OpenAIPolicyConfig(model="Qwen2.5-7B", base_url=base_url, **{**FAST, **overrides}))
+
+
+def anthropic_policy(base_url: str, **overrides) -> AnthropicPolicy:
+    return AnthropicPolicy(AnthropicPolicyConfig(model="claude-test", base_url=base_url, **{**FAST, **overrides}))
+
+
+def test_openai_text_reply_sends_sampling_settings_seed_and_key():
+    server = OpenAIServer(["I will look at the code."])
+    with server as base_url:
+        policy = openai_policy(base_url, temperature=0.7, top_p=0.9, max_tokens=123)
+        turn = policy.act(CHAT, [BASH], seed=42)
+    assert isinstance(policy, Policy) and policy.name == "openai:Qwen2.5-7B" and policy.native_tools
+    assert turn.message == {"role": "assistant", "content": "I will look at the code."}
+    assert turn.finish_reason == "stop" and turn.logprobs is None and turn.latency > 0
+    assert turn.usage.completion_tokens == 6 and turn.usage.prompt_tokens > 0
+    request = server.requests[0]
+    assert request["messages"] == CHAT and request["tools"] == [BASH] and request["seed"] == 42
+    assert (request["temperature"], request["top_p"], request["max_tokens"]) == (0.7, 0.9, 123)
+    assert "logprobs" not in request
+    assert server.headers[0]["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert not server.errors
+
+
+def test_openai_tool_call_arguments_round_trip_as_json_strings():
+    server = OpenAIServer([Reply(text="Searching.", tool_calls=(ToolCall("bash", ARGS, id="call_a"),
+                                                               ToolCall("bash", {"cmd": "ls"})))])
+    with server as base_url:
+        turn = openai_policy(base_url).act(CHAT, [BASH])
+    calls = turn.message["tool_calls"]
+    assert turn.message["content"] == "Searching." and turn.finish_reason == "tool_calls"
+    assert [c["id"] for c in calls][0] == "call_a" and all(c["type"] == "function" for c in calls)
+    assert all(isinstance(c["function"]["arguments"], str) for c in calls)
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [ARGS, {"cmd": "ls"}]
+
+
+def test_openai_malformed_arguments_are_passed_through_verbatim():
+    with OpenAIServer([Reply(tool_calls=(ToolCall("bash", '{"cmd": "ls'),))]) as base_url:
+        turn = openai_policy(base_url).act(CHAT, [BASH])
+    assert turn.message["content"] is None
+    assert turn.message["tool_calls"][0]["function"]["arguments"] == '{"cmd": "ls'
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_openai_retries_then_succeeds(status):
+    server = OpenAIServer(["ok"], fail_first=2, fail_status=status)
+    with server as base_url:
+        turn = openai_policy(base_url, max_retries=2).act(CHAT, [])
+    assert turn.message["content"] == "ok" and len(server.requests) == 3
+
+
+def test_openai_raises_policy_error_after_last_retry():
+    server = OpenAIServer(["never"], fail_first=100, fail_status=500)
+    with server as base_url, pytest.raises(PolicyError, match="3 attempts"):
+        openai_policy(base_url, max_retries=2).act(CHAT, [])
+    assert len(server.requests) == 3  # the SDK's own retries are off: the count is ours
+
+
+def test_openai_connection_refused_is_retried_then_policy_error():
+    server = OpenAIServer([])
+    with server as base_url:
+        pass  # closed: nothing listens on the port any more
+    with pytest.raises(PolicyError, match="2 attempts"):
+        openai_policy(base_url, max_retries=1).act(CHAT, [])
+
+
+def test_openai_bad_request_is_not_retried():
+    server = OpenAIServer([Reply(status=400, error="context length exceeded")])
+    with server as base_url, pytest.raises(openai.BadRequestError):
+        openai_policy(base_url, max_retries=3).act(CHAT, [])
+    assert len(server.requests) == 1
+
+
+def test_openai_records_logprobs_when_requested():
+    server = OpenAIServer(["a b c", Reply(tool_calls=(ToolCall("bash", {"cmd": "ls"}),), logprobs=(-1.0, -2.0))])
+    with server as base_url:
+        policy = openai_policy(base_url, request_logprobs=True)
+        text, call = policy.act(CHAT, []), policy.act(CHAT, [BASH])
+    assert text.logprobs == (DEFAULT_LOGPROB,) * 3 == (DEFAULT_LOGPROB,) * text.usage.completion_tokens
+    assert call.logprobs == (-1.0, -2.0)
+    assert all(request["logprobs"] is True for request in server.requests)
+
+
+def test_openai_falls_back_once_when_the_server_rejects_logprobs():
+    def no_logprobs(request: dict) -> Reply:
+        if request.get("logprobs"):
+            return Reply(status=400, error="logprobs is not supported by this server")
+        return Reply(text="fine")
+
+    server = OpenAIServer(no_logprobs)
+    with server as base_url:
+        policy = openai_policy(base_url, request_logprobs=True, max_retries=0)
+        first, second = policy.act(CHAT, []), policy.act(CHAT, [])
+    assert first.message["content"] == second.message["content"] == "fine"
+    assert first.logprobs is None and second.logprobs is None
+    assert ["logprobs" in r for r in server.requests] == [True, False, False]  # remembered
+    assert policy.settings()["logprobs_requested"] is False
+
+
+def test_settings_never_hold_the_api_key():
+    with OpenAIServer([]) as openai_url, AnthropicServer([]) as anthropic_url:
+        policies = [openai_policy(openai_url), anthropic_policy(anthropic_url)]
+    for policy in policies:
+        settings = json.dumps(policy.settings())
+        assert OPENAI_KEY not in settings and ANTHROPIC_KEY not in settings
+        assert "api_key" not in settings and policy.settings()["model"]
+
+
+def test_openai_runs_without_a_key_for_local_servers(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY")
+    server = OpenAIServer(["ok"])
+    with server as base_url:
+        assert openai_policy(base_url).act(CHAT, []).message["content"] == "ok"
+    assert server.headers[0]["authorization"] == "Bearer EMPTY"
+
+
+def test_anthropic_text_reply():
+    server = AnthropicServer(["Looking."])
+    with server as base_url:
+        policy = anthropic_policy(base_url, temperature=0.2, max_tokens=321)
+        turn = policy.act(CHAT, [BASH], seed=7)
+    assert isinstance(policy, Policy) and policy.name == "anthropic:claude-test"
+    assert turn.message == {"role": "assistant", "content": "Looking."}
+    assert turn.finish_reason == "stop" and turn.usage.completion_tokens == 1 and turn.logprobs is None
+    request = server.requests[0]
+    assert request["system"] == "You fix bugs." and request["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Fix it."}]}]
+    assert (request["temperature"], request["max_tokens"]) == (0.2, 321)
+    assert request["tools"] == to_anthropic_tools([BASH]) and "seed" not in request
+    sent = server.headers[0]  # older SDKs send x-api-key, 2.x a bearer token
+    assert ANTHROPIC_KEY in (sent.get("x-api-key"), sent.get("authorization", "").removeprefix("Bearer "))
+
+
+def test_anthropic_tool_use_becomes_openai_tool_calls():
+    server = AnthropicServer([Reply(tool_calls=(ToolCall("bash", ARGS, id="toolu_1"),))])
+    with server as base_url:
+        turn = anthropic_policy(base_url).act(CHAT, [BASH])
+    assert turn.finish_reason == "tool_calls" and turn.message["content"] is None
+    (call,) = turn.message["tool_calls"]
+    assert call["id"] == "toolu_1" and call["function"]["name"] == "bash"
+    assert json.loads(call["function"]["arguments"]) == ARGS
+    assert "temperature" not in server.requests[0]  # unset: the model's own
+
+
+@pytest.mark.parametrize("status", [429, 500, 529])
+def test_anthropic_retries_then_succeeds(status):
+    server = AnthropicServer(["ok"], fail_first=1, fail_status=status)
+    with server as base_url:
+        assert anthropic_policy(base_url, max_retries=1).act(CHAT, []).message["content"] == "ok"
+    assert len(server.requests) == 2
+
+
+def test_anthropic_raises_policy_error_after_last_retry():
+    server = AnthropicServer([], fail_first=100, fail_status=429)
+    with server as base_url, pytest.raises(PolicyError, match="4 attempts"):
+        anthropic_policy(base_url, max_retries=3).act(CHAT, [])
+    assert len(server.requests) == 4
+
+
+def test_anthropic_needs_its_key(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    with pytest.raises(ValueError, match="ANTHROPIC_API_KEY"):
+        anthropic_policy("http://127.0.0.1:1")
+
+
+HISTORY = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "Fix "}, {"type": "text", "text": "it."}]},
+    {"role": "assistant", "content": "Two looks.", "tool_calls": [
+        {"id": "t1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}},
+        {"id": "t2", "type": "function", "function": {"name": "bash", "arguments": "not json"}}]},
+    {"role": "tool", "tool_call_id": "t1", "content": "a.py"},
+    {"role": "tool", "tool_call_id": "t2", "content": ""},
+    {"role": "user", "content": "Go on."},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "t3", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "t3", "content": "done"},
+    {"role": "assistant", "content": ""},
+]
+ANTHROPIC_HISTORY = [
+    {"role": "user", "content": [{"type": "text", "text": "Fix it."}]},
+    {"role": "assistant", "content": [
+        {"type": "text", "text": "Two looks."},
+        {"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "ls"}},
+        {"type": "tool_use", "id": "t2", "name": "bash", "input": {"arguments": "not json"}}]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "a.py"},
+        {"type": "tool_result", "tool_use_id": "t2", "content": "(empty)"},
+        {"type": "text", "text": "Go on."}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "bash", "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": "done"}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "(empty)"}]},
+]
+
+
+def test_openai_history_converts_to_anthropic_messages():
+    assert to_anthropic_messages(HISTORY) == ("You fix bugs.\n\nBe brief.", ANTHROPIC_HISTORY)
+
+
+def test_anthropic_receives_converted_history_over_http():
+    server = AnthropicServer(["next"])
+    with server as base_url:
+        anthropic_policy(base_url).act(HISTORY + [{"role": "user", "content": "More."}], [BASH])
+    request = server.requests[0]
+    assert request["system"] == "You fix bugs.\n\nBe brief."
+    assert request["messages"] == ANTHROPIC_HISTORY + [
+        {"role": "user", "content": [{"type": "text", "text": "More."}]}]
+    assert request["tools"] == [{"name": "bash", "description": "Run a shell command.",
+                                 "input_schema": BASH["function"]["parameters"]}]
