@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.environments import sandbox_base_image
+from assets.environments import environment_images, sandbox_base_image, task_sources, tasks
 from assets.resources import HandholdSettings
 
-all_assets = [sandbox_base_image]
+all_assets = [sandbox_base_image, task_sources, environment_images, tasks]
 
 main_job = dg.define_asset_job("main", selection=dg.AssetSelection.all(),
                                description="The whole graph: environments to trained policy.")

@@ -1,10 +1,16 @@
-"""Assets that make the SWE environments: the sandbox base image first."""
+"""Assets that make the SWE environments: base image, sources, environment images, tasks."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from assets.resources import HandholdSettings
+from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
+from pipeline.store import read_rows, write_rows
+from pipeline.tasks.packages import build_environment_image, fetch_source
+from pipeline.tasks.swebench_rows import load_tasks
+from pipeline.tasks.synth import synthesize
+from pipeline.tasks.validate import check_tasks
 from sandbox.images import BaseImageConfig, docker_client, ensure_base_image
 
 
@@ -16,4 +22,47 @@ def sandbox_base_image(settings: HandholdSettings) -> dg.MaterializeResult:
     image = client.images.get(tag)
     return dg.MaterializeResult(metadata={
         "tag": tag, "image_id": image.short_id, "size_mb": round(image.attrs["Size"] / 1e6, 1),
+    })
+
+
+@dg.asset(group_name="environments", kinds={"python"})
+def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
+    """Package sources (sdists as git repos) and, when configured, SWE-bench-format dataset rows."""
+    cache = settings.path("cache")
+    roots = {spec.key: str(fetch_source(spec, cache)) for spec in settings.synth_config().packages}
+    rows, rejects = (load_tasks(settings.dataset, split=settings.dataset_split,
+                                limit=settings.dataset_limit or None) if settings.dataset else ([], []))
+    write_rows(settings.path("sources", "dataset_tasks.parquet"), [t.to_row() for t in rows], TASK_SCHEMA)
+    write_rows(settings.path("sources", "dataset_rejects.parquet"), [r.__dict__ for r in rejects], REJECT_SCHEMA)
+    return dg.MaterializeResult(metadata={
+        "packages": roots, "dataset": settings.dataset or "(none)", "dataset_rows": len(rows),
+        "dataset_rejects": len(rejects),
+    })
+
+
+@dg.asset(group_name="environments", kinds={"docker"}, deps=[sandbox_base_image, task_sources])
+def environment_images(settings: HandholdSettings) -> dg.MaterializeResult:
+    """One image per package version, its package installed editable with test dependencies."""
+    client, cache = docker_client(), settings.path("cache")
+    tags = {spec.key: build_environment_image(spec, settings.base_image, cache, client)
+            for spec in settings.synth_config().packages}
+    return dg.MaterializeResult(metadata={"images": tags, "count": len(tags)})
+
+
+@dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images])
+def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+    """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
+    synthesized, report = synthesize(settings.synth_config(), settings.base_image, settings.path("cache"),
+                                     docker_client())
+    dataset_rows = [Task.from_row(r) for r in read_rows(settings.path("sources", "dataset_tasks.parquet"))]
+    checked, dataset_rejects = check_tasks(dataset_rows, workers=settings.workers)
+    all_tasks, rejects = synthesized + checked, report.rejects + dataset_rejects
+    path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)
+    write_rows(settings.path("tasks", "rejects.parquet"), [r.__dict__ for r in rejects], REJECT_SCHEMA)
+    for reject in rejects:
+        context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
+    stats = report.as_json()
+    return dg.MaterializeResult(metadata={
+        "path": str(path), "tasks": len(all_tasks), "rejected": len(rejects), "synth_seconds": stats["seconds"],
+        "per_package": stats["per_package"], "per_kind": stats["per_kind"],
     })

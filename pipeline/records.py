@@ -36,7 +36,7 @@ class Task:
     test_cmd: str
     """Command that runs the tests (test names are appended by the verifier when it narrows)."""
     log_parser: str
-    """A name in swebench's PARSER_REGISTRY (e.g. 'pytest')."""
+    """A name in swebench's PARSER_REGISTRY (e.g. 'parse_log_pytest')."""
     source: str
     """Where the task came from: 'swe-bench', 'swe-bench-verified', 'swe-gym', 'swe-smith', 'synth'."""
     hints_text: str = ""

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from sandbox.base import CommandResult
+from sandbox.base import CommandResult, SandboxError
 from sandbox.shell import DEFAULT_TIMEOUT, OUTPUT_CAP, ShellSession, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
 
@@ -94,13 +94,13 @@ class LocalSandbox:
     def diff(self) -> str:
         result = self.run(diff_command(self.workdir, self.base_commit), timeout=120)
         if result.exit_code != 0:
-            raise RuntimeError(f"git diff failed in {self.workdir}: {result.output[-2000:]}")
+            raise SandboxError(f"git diff failed in {self.workdir}: {result.output[-2000:]}")
         return result.output
 
     def reset(self) -> None:
         result = self.run(reset_command(self.workdir, self.base_commit), timeout=120)
         if result.exit_code != 0:
-            raise RuntimeError(f"resetting {self.workdir} failed: {result.output[-2000:]}")
+            raise SandboxError(f"resetting {self.workdir} failed: {result.output[-2000:]}")
 
     def close(self) -> None:
         self._stop_shell()

@@ -1,0 +1,1 @@
+"""Task sources: SWE-bench-format datasets, PyPI bug synthesis, and their validation."""

@@ -1,0 +1,218 @@
+"""Tasks synthesized offline by injecting bugs into real packages (the built-in default).
+
+Per package version: one environment image; its suite run twice for a baseline; AST bug
+candidates validated in sandboxes (tests that passed before and fail now are FAIL_TO_PASS,
+those still passing PASS_TO_PASS; run twice, flaky ones dropped); every stage counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+from swebench.harness.log_parsers import PARSER_REGISTRY
+
+from pipeline.records import TASK_SCHEMA, RejectedTask, Task
+from pipeline.store import read_rows, write_rows
+from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
+from pipeline.tasks.packages import DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, \
+    build_environment_image, fetch_source, test_command
+from pipeline.tasks.statements import failure_messages_from_log, problem_statement
+from pipeline.tasks.validate import check_tasks
+from sandbox.docker_sandbox import DockerSandbox
+
+log = logging.getLogger(__name__)
+
+LOG_PARSER = "parse_log_pytest"
+STAGES = ("generated", "compiled", "tested", "broke_tests", "stable", "kept")
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """How tasks are synthesized from packages."""
+
+    packages: tuple[PackageSpec, ...] = DEFAULT_PACKAGES
+    """Packages at pinned versions to inject bugs into."""
+    tasks_per_package: int = 10
+    """Stop validating a package's candidates once this many are kept."""
+    candidates_per_package: int = 60
+    """Most bug candidates tried per package."""
+    max_fail_to_pass: int = 10
+    """A candidate breaking more tests than this is too blunt to be a task."""
+    min_pass_rate: float = 0.9
+    """A package whose suite passes less than this share of its tests is skipped."""
+    suite_timeout: float = 180.0
+    """Seconds one run of a package's suite may take; slower packages are skipped."""
+    workers: int = 2
+    """Sandboxes validating candidates at once."""
+    max_per_function: int = 1
+    """Most candidates taken from one function (spreads tasks over the code)."""
+    seed: int = 0
+    """Seed of candidate sampling and problem-statement templates."""
+
+
+@dataclass
+class SynthReport:
+    """What every stage did, per package and per mutation kind."""
+
+    per_package: dict[str, Counter] = field(default_factory=dict)
+    per_kind: dict[str, Counter] = field(default_factory=dict)
+    rejects: list[RejectedTask] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def count(self, package: str, kind: str, stage: str, n: int = 1) -> None:
+        self.per_package.setdefault(package, Counter())[stage] += n
+        self.per_kind.setdefault(kind, Counter())[stage] += n
+
+    def as_json(self) -> dict:
+        return {"per_package": {k: dict(v) for k, v in self.per_package.items()},
+                "per_kind": {k: dict(v) for k, v in sorted(self.per_kind.items())},
+                "rejects": len(self.rejects), "seconds": round(self.seconds, 1)}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    passed: frozenset[str]
+    total: int
+    seconds: float
+
+
+def run_suite(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
+    """Status per test, the log and whether it timed out (output read from a file: never capped)."""
+    result = sandbox.run(f"cd {WORKDIR} && {test_command(spec)} > /tmp/suite.log 2>&1", timeout=timeout)
+    text = sandbox.read_file("/tmp/suite.log").decode("utf-8", errors="replace")
+    return PARSER_REGISTRY[LOG_PARSER](text, None), text, result.timed_out
+
+
+def baseline(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> Baseline:
+    """Tests that pass in both of two clean runs; raises PackageError if the suite is unusable."""
+    start = time.monotonic()
+    first, text, timed_out = run_suite(sandbox, spec, config.suite_timeout)
+    if timed_out:
+        raise PackageError(f"{spec.key}: the test suite took over {config.suite_timeout:.0f} s")
+    second, _, _ = run_suite(sandbox, spec, config.suite_timeout)
+    passed = frozenset(t for t, s in first.items() if s == "PASSED" and second.get(t) == "PASSED")
+    ran = [t for t, s in first.items() if s != "SKIPPED"]
+    if not ran or len(passed) / len(ran) < config.min_pass_rate:
+        raise PackageError(f"{spec.key}: only {len(passed)} of {len(ran)} tests pass before any bug "
+                           f"(need {config.min_pass_rate:.0%}); log tail: {text[-800:]}")
+    return Baseline(passed, len(first), (time.monotonic() - start) / 2)
+
+
+def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
+                  config: SynthConfig, report: SynthReport) -> tuple[list[str], str] | None:
+    """(FAIL_TO_PASS, log) when the bug breaks some tests, stably; the file is restored after."""
+    path = f"{WORKDIR}/{cand.file}"
+    sandbox.write_file(path, cand.mutated_source)
+    try:
+        report.count(spec.key, cand.kind, "tested")
+        first, text, _ = run_suite(sandbox, spec, config.suite_timeout)
+        f2p = sorted(t for t in base.passed if first.get(t, "FAILED") != "PASSED")
+        if not 1 <= len(f2p) <= config.max_fail_to_pass or len(f2p) == len(base.passed):
+            return None
+        report.count(spec.key, cand.kind, "broke_tests")
+        second, _, _ = run_suite(sandbox, spec, config.suite_timeout)
+        if sorted(t for t in base.passed if second.get(t, "FAILED") != "PASSED") != f2p:
+            return None  # flaky under the bug
+        report.count(spec.key, cand.kind, "stable")
+        return f2p, text
+    finally:
+        sandbox.write_file(path, cand.original_source)
+
+
+def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
+              text: str, config: SynthConfig) -> Task:
+    p2p = sorted(base.passed - set(f2p))
+    statement = problem_statement(spec.name, f2p, failure_messages_from_log(text), seed=config.seed)
+    provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
+                  "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id}
+    return Task(
+        instance_id=f"{spec.name}__{spec.version}__{cand.kind}__{cand.candidate_id[:10]}",
+        repo=f"pypi/{spec.name}", base_commit="", patch=gold_patch(cand), test_patch="",
+        problem_statement=statement, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), image=image,
+        workdir=WORKDIR, test_cmd=test_command(spec), log_parser=LOG_PARSER, source="synth",
+        version=spec.version, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        setup_patch=bug_patch(cand), test_files=spec.test_paths, provenance=json.dumps(provenance),
+    )
+
+
+def synthesize_package(spec: PackageSpec, base_image: str, cache: Path, config: SynthConfig,
+                       report: SynthReport, client: docker.DockerClient) -> tuple[str, list[Task]]:
+    """Candidate tasks of one package (not yet checked by the verifier)."""
+    image = build_environment_image(spec, base_image, cache, client)
+    root = fetch_source(spec, cache)
+    candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
+                                           max_per_function=config.max_per_function,
+                                           limit=config.candidates_per_package)
+    for kind, n in stats.generated.items():
+        report.count(spec.key, kind, "generated", n)
+    for kind, n in stats.compiled.items():
+        report.count(spec.key, kind, "compiled", n)
+    sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
+    try:
+        base = baseline(sandboxes[0], spec, config)
+        tasks = _validate_candidates(spec, image, candidates, base, sandboxes, config, report)
+    finally:
+        for sb in sandboxes:
+            sb.close()
+    return image, tasks
+
+
+def _validate_candidates(spec, image, candidates, base, sandboxes, config, report) -> list[Task]:
+    """Try candidates on the sandboxes in parallel until enough are kept."""
+    tasks: list[Task] = []
+    pending = list(candidates)
+
+    def worker(sandbox: DockerSandbox) -> None:
+        while pending and len(tasks) < config.tasks_per_package:
+            cand = pending.pop(0)
+            found = try_candidate(sandbox, spec, cand, base, config, report)
+            if found and len(tasks) < config.tasks_per_package:
+                tasks.append(make_task(spec, image, cand, found[0], base, found[1], config))
+
+    with ThreadPoolExecutor(len(sandboxes)) as pool:
+        for future in [pool.submit(worker, sb) for sb in sandboxes]:
+            future.result()
+    return tasks
+
+
+def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path) -> Path:
+    key = repr((image, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
+                config.max_per_function, config.seed))
+    return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
+
+
+def synthesize(config: SynthConfig, base_image: str, cache: Path,
+               client: docker.DockerClient) -> tuple[list[Task], SynthReport]:
+    """Validated tasks from every configured package; a package that fails is reported, not fatal."""
+    start, report, tasks = time.monotonic(), SynthReport(), []
+    for spec in config.packages:
+        try:
+            tasks += _package_tasks(spec, base_image, cache, config, report, client)
+        except PackageError as exc:
+            log.warning("skipping %s: %s", spec.key, exc)
+            report.rejects.append(RejectedTask(spec.key, "package", str(exc)))
+    report.seconds = time.monotonic() - start
+    return tasks, report
+
+
+def _package_tasks(spec, base_image, cache, config, report, client) -> list[Task]:
+    image = build_environment_image(spec, base_image, cache, client)
+    cached = _cache_file(spec, image, config, cache)
+    if cached.exists():
+        report.per_package.setdefault(spec.key, Counter())["cached"] = 1
+        return [Task.from_row(r) for r in read_rows(cached)]
+    _, candidates = synthesize_package(spec, base_image, cache, config, report, client)
+    kept, rejects = check_tasks(candidates, workers=config.workers)
+    report.rejects += rejects
+    for task in kept:
+        report.count(spec.key, json.loads(task.provenance)["kind"], "kept")
+    write_rows(cached, [t.to_row() for t in kept], TASK_SCHEMA)
+    return kept

@@ -1,0 +1,43 @@
+"""Every task is checked before use: its gold patch resolves it and the empty patch does not."""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+from pipeline.grading import Grade, grade, grade_in
+from pipeline.records import RejectedTask, Task
+from pipeline.tasks.environment import task_sandbox
+from sandbox.base import SandboxError
+
+
+def check_task(task: Task, test_timeout: float = 300) -> Task | RejectedTask:
+    """The task with its base_commit filled in, or the reason it is set aside."""
+    try:
+        with task_sandbox(task) as sandbox:
+            head = sandbox.base_commit or ""
+            gold = grade_in(sandbox, task, task.patch, test_timeout)
+    except SandboxError as exc:
+        return RejectedTask(task.instance_id, "validate", f"sandbox failed: {exc}")
+    if not gold.resolved:
+        return RejectedTask(task.instance_id, "validate", f"gold patch does not resolve it ({gold.reason}): "
+                            f"{_failures(gold)}")
+    task = dataclasses.replace(task, base_commit=head)
+    empty = grade(task, "", test_timeout=test_timeout)
+    if empty.fault == "infra":
+        return RejectedTask(task.instance_id, "validate", f"sandbox failed: {empty.reason}")
+    if empty.resolved:
+        return RejectedTask(task.instance_id, "validate", "the empty patch resolves it: FAIL_TO_PASS tests "
+                            "pass without any change")
+    return task
+
+
+def _failures(g: Grade) -> str:
+    return g.report[:600] if g.report != "{}" else g.log[-600:]
+
+
+def check_tasks(tasks: list[Task], workers: int = 2) -> tuple[list[Task], list[RejectedTask]]:
+    """Check tasks in parallel; keep order."""
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        results = list(pool.map(check_task, tasks))
+    return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])

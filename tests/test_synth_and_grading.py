@@ -1,0 +1,126 @@
+"""A real synthesis run on one small package, and the verifier on hand-made patches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.grading import grade, without_test_changes
+from pipeline.records import TASK_SCHEMA, Task
+from pipeline.store import read_rows, write_rows
+from pipeline.tasks.packages import DEFAULT_PACKAGES
+from pipeline.tasks.synth import SynthConfig, synthesize
+
+TOOLZ = DEFAULT_PACKAGES[0]
+
+
+@pytest.fixture(scope="session")
+def synth_run(base_image, docker_client, tmp_path_factory):
+    """Tasks synthesized from toolz: the real thing, cut small for CI."""
+    cache = Path(tmp_path_factory.mktemp("synth-cache"))
+    config = SynthConfig(packages=(TOOLZ,), tasks_per_package=3, candidates_per_package=30)
+    tasks, report = synthesize(config, base_image, cache, docker_client)
+    return tasks, report, config, cache
+
+
+@pytest.fixture(scope="session")
+def toolz_task(synth_run) -> Task:
+    return synth_run[0][0]
+
+
+def test_synthesis_yields_valid_tasks(synth_run):
+    tasks, report, _, _ = synth_run
+    assert len(tasks) >= 2, report.as_json()
+    counts = report.per_package[TOOLZ.key]
+    assert counts["generated"] >= counts["compiled"] >= counts["tested"] >= counts["broke_tests"] >= counts["kept"]
+    assert counts["kept"] == len(tasks)
+    for task in tasks:
+        assert 1 <= len(task.FAIL_TO_PASS) <= 10 and len(task.PASS_TO_PASS) >= 1
+        assert len(task.base_commit) == 40 and task.setup_patch and task.patch
+        assert json.loads(task.provenance)["package"] == "toolz"
+        removed = [line[1:].strip() for line in task.patch.splitlines()
+                   if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
+        assert not any(line in task.problem_statement for line in removed if len(line) > 12)
+
+
+def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
+    tasks, _, config, cache = synth_run
+    again, report = synthesize(config, base_image, cache, docker_client)
+    assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
+    assert report.per_package[TOOLZ.key] == {"cached": 1}
+
+
+def test_history_does_not_reveal_the_fix(toolz_task):
+    from pipeline.tasks.environment import task_sandbox
+
+    with task_sandbox(toolz_task) as sb:
+        fixed = [l[1:] for l in toolz_task.patch.splitlines() if l.startswith("+") and not l.startswith("+++")]
+        history = sb.run("git log --all -p; git reflog; git stash list; ls /tmp; "
+                         "find / -xdev \\( -name '*.tar.gz' -o -name '*.whl' -o -name '*.pyc' \\) "
+                         "-path '*toolz*' 2>/dev/null").output
+        assert sb.run("git rev-list --all --count").output.strip() == "1"
+        assert not [line for line in fixed if line.strip() and line in history]
+        assert sb.run("whoami").output.strip() == "agent"
+
+
+def test_task_parquet_round_trip(synth_run, tmp_path):
+    import polars as pl
+
+    tasks = synth_run[0]
+    path = write_rows(tmp_path / "tasks.parquet", [t.to_row() for t in tasks], TASK_SCHEMA)
+    assert [Task.from_row(r) for r in read_rows(path)] == tasks
+    assert pl.read_parquet(path).height == len(tasks)
+
+
+def test_gold_resolves_and_empty_does_not(toolz_task):
+    gold = grade(toolz_task, toolz_task.patch)
+    assert gold.resolved and gold.reason == "resolved" and gold.fault == "none"
+    empty = grade(toolz_task, "")
+    assert not empty.resolved and empty.fault == "patch" and empty.reason == "tests_failed"
+    failed = json.loads(empty.report)["FAIL_TO_PASS"]["failure"]
+    assert set(failed) == set(toolz_task.FAIL_TO_PASS)
+
+
+def test_editing_the_tests_does_not_pass(toolz_task):
+    test_file = toolz_task.FAIL_TO_PASS[0].split("::")[0]
+    name = toolz_task.FAIL_TO_PASS[0].split("::")[1].split("[")[0]
+    cheat = (f"diff --git a/{test_file} b/{test_file}\n--- a/{test_file}\n+++ b/{test_file}\n"
+             f"@@ -0,0 +1,2 @@\n+import pytest\n+pytest.skip('cheat', allow_module_level=True)\n")
+    conftest = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+                "@@ -0,0 +1,3 @@\n+import pytest\n+def pytest_collection_modifyitems(items):\n"
+                f"+    items[:] = [i for i in items if '{name}' not in i.name]\n")
+    stripped, dropped = without_test_changes(cheat + conftest, toolz_task)
+    assert stripped == "" and set(dropped) == {test_file, "conftest.py"}
+    result = grade(toolz_task, cheat + conftest)
+    assert not result.resolved and result.fault == "patch"
+
+
+def test_fake_passed_lines_do_not_pass(toolz_task, synth_run):
+    from pipeline.tasks.mutations import file_diff
+
+    init = (synth_run[3] / "src" / TOOLZ.key / "toolz" / "__init__.py").read_text()
+    body = ["import atexit", "@atexit.register", "def _fake():"]
+    body += [f"    print('PASSED {t}')" for t in toolz_task.FAIL_TO_PASS]
+    fake = ("diff --git a/toolz/_fake.py b/toolz/_fake.py\nnew file mode 100644\n--- /dev/null\n"
+            f"+++ b/toolz/_fake.py\n@@ -0,0 +1,{len(body)} @@\n" + "".join(f"+{line}\n" for line in body)
+            + file_diff("toolz/__init__.py", init, init + "from . import _fake\n"))
+    result = grade(toolz_task, fake)
+    assert not result.resolved and result.fault == "patch"
+    assert any(f"PASSED {t}" in result.log for t in toolz_task.FAIL_TO_PASS)  # the fake lines were printed
+
+
+def test_patch_that_does_not_apply(toolz_task):
+    bad = "diff --git a/toolz/nothere.py b/toolz/nothere.py\n--- a/toolz/nothere.py\n+++ b/toolz/nothere.py\n" \
+          "@@ -10,2 +10,2 @@\n-a\n+b\n c\n"
+    result = grade(toolz_task, bad)
+    assert not result.resolved and result.fault == "patch" and result.reason == "patch_does_not_apply"
+
+
+def test_missing_image_is_an_infra_fault(toolz_task):
+    import dataclasses
+
+    broken = dataclasses.replace(toolz_task, image="handhold/no-such-image:0")
+    result = grade(broken, broken.patch)
+    assert not result.resolved and result.fault == "infra" and "no-such-image" in result.reason
