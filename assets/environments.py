@@ -1,7 +1,5 @@
 """Assets that make the SWE environments: base image, sources, environment images, tasks."""
 
-from __future__ import annotations
-
 import dagster as dg
 
 from assets.resources import HandholdSettings

@@ -20,6 +20,7 @@ def write_rows(path: str | os.PathLike, rows: Iterable[dict[str, Any]], schema: 
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; outputs are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+from pipeline.records import Task
+from pipeline.tasks.packages import DEFAULT_PACKAGES
+from pipeline.tasks.synth import SynthConfig, synthesize
+
+TOOLZ = DEFAULT_PACKAGES[0]  # the package CI synthesizes from: small, fast suite
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +34,17 @@ def base_image(docker_client) -> str:
     from sandbox.images import ensure_base_image
 
     return ensure_base_image(client=docker_client)
+
+
+@pytest.fixture(scope="session")
+def synth_run(base_image, docker_client, tmp_path_factory):
+    """Tasks synthesized from toolz: the real thing, cut small for CI."""
+    cache = Path(tmp_path_factory.mktemp("synth-cache"))
+    config = SynthConfig(packages=(TOOLZ,), tasks_per_package=3, candidates_per_package=30)
+    tasks, report = synthesize(config, base_image, cache, docker_client)
+    return tasks, report, config, cache
+
+
+@pytest.fixture(scope="session")
+def toolz_task(synth_run) -> Task:
+    return synth_run[0][0]

@@ -123,7 +123,8 @@ def make_repo(root: Path, text: str = SAMPLE, name: str = "toolz/itertoolz.py") 
 def function_lines(source: str, qualname: str) -> tuple[int, int]:
     """1-based (def line, end line) of a function or method."""
     for node in ast.parse(source).body:
-        methods = [(f"{node.name}.{getattr(m, 'name', '')}", m) for m in node.body] if isinstance(node, ast.ClassDef) else []
+        members = node.body if isinstance(node, ast.ClassDef) else []
+        methods = [(f"{node.name}.{getattr(m, 'name', '')}", m) for m in members]
         for name, func in [(getattr(node, "name", ""), node), *methods]:
             if isinstance(func, ast.FunctionDef) and name == qualname:
                 return func.lineno, func.end_lineno

@@ -107,7 +107,8 @@ FAILED tests/test_other.py::test_only_summary - ValueError: bad value
 
 def test_failure_messages_from_log():
     assert failure_messages_from_log(LOG) == {
-        "tests/test_core.py::test_partition": "assert [(1, 2)] == [(1, 2), (3, 4)]\n  Right contains one more item: (3, 4)",
+        "tests/test_core.py::test_partition":
+            "assert [(1, 2)] == [(1, 2), (3, 4)]\n  Right contains one more item: (3, 4)",
         "tests/test_core.py::TestTake::test_all[a - b]": "TypeError: 'NoneType' object is not iterable",
         "tests/test_core.py::test_with_fixture": "RuntimeError: no database",
         "tests/test_other.py::test_only_summary": "ValueError: bad value",
@@ -121,7 +122,8 @@ def test_failure_messages_without_summary_fall_back_to_sections():
 
 def patch_contents(patch: str) -> list[str]:
     """Source text of the patch's changed lines (long enough to mean something)."""
-    lines = [line[1:].strip() for line in patch.splitlines() if line.startswith(("+", "-")) and line[:3] not in ("+++", "---")]
+    changed = [line for line in patch.splitlines() if line.startswith(("+", "-")) and line[:3] not in ("+++", "---")]
+    lines = [line[1:].strip() for line in changed]
     return [line for line in lines if len(line) >= 4]
 
 
@@ -135,7 +137,8 @@ def mutated_test_runs(root: Path):
     library.write_text(LIBRARY)
     sampled = generate_candidates(root, include=["minitoolz/*.py"], limit=6, seed=1)
     # off-by-one in `last` raises inside the library, so the traceback shows the mutated line.
-    raising = [c for c in generate_candidates(root, include=["minitoolz/*.py"], kinds={"off_by_one"}) if c.function == "last"]
+    off_by_one = generate_candidates(root, include=["minitoolz/*.py"], kinds={"off_by_one"})
+    raising = [c for c in off_by_one if c.function == "last"]
     for candidate in {c.candidate_id: c for c in sampled + raising}.values():
         library.write_text(candidate.mutated_source)
         run = subprocess.run(

@@ -10,24 +10,9 @@ import pytest
 from pipeline.grading import grade, without_test_changes
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
-from pipeline.tasks.packages import DEFAULT_PACKAGES
-from pipeline.tasks.synth import SynthConfig, synthesize
+from pipeline.tasks.synth import synthesize
 
-TOOLZ = DEFAULT_PACKAGES[0]
-
-
-@pytest.fixture(scope="session")
-def synth_run(base_image, docker_client, tmp_path_factory):
-    """Tasks synthesized from toolz: the real thing, cut small for CI."""
-    cache = Path(tmp_path_factory.mktemp("synth-cache"))
-    config = SynthConfig(packages=(TOOLZ,), tasks_per_package=3, candidates_per_package=30)
-    tasks, report = synthesize(config, base_image, cache, docker_client)
-    return tasks, report, config, cache
-
-
-@pytest.fixture(scope="session")
-def toolz_task(synth_run) -> Task:
-    return synth_run[0][0]
+from tests.conftest import TOOLZ
 
 
 def test_synthesis_yields_valid_tasks(synth_run):

@@ -21,7 +21,9 @@ from typing import TypeVar
 from pipeline.tasks.mutators import KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
 from pipeline.tasks.splice import FuncNode, normal_dump, source_lines, splice
 
-ALLOWED_DUNDERS = frozenset({"__init__", "__call__", "__getitem__", "__setitem__", "__contains__", "__iter__", "__next__"})
+ALLOWED_DUNDERS = frozenset(
+    {"__init__", "__call__", "__getitem__", "__setitem__", "__contains__", "__iter__", "__next__"}
+)
 MIN_STATEMENTS = 3
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 
@@ -138,7 +140,10 @@ def _function_sites(file: str, qualname: str, func_path: NodePath, func: FuncNod
     for kind in kinds:
         applies = MUTATORS_BY_KIND[kind].applies
         matches = [(path, node) for path, node, parent, name in nodes if applies(node, parent, name)]
-        sites += [_Site(file, qualname, func_path, kind, path, i, node.lineno) for i, (path, node) in enumerate(matches)]
+        sites += [
+            _Site(file, qualname, func_path, kind, path, index, node.lineno)
+            for index, (path, node) in enumerate(matches)
+        ]
     return sites
 
 

@@ -48,7 +48,9 @@ def walk_body(func: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[tuple[No
         yield from _walk(stmt, (("body", i),), func, "body")
 
 
-def _walk(node: ast.AST, path: NodePath, parent: ast.AST, field: str) -> Iterator[tuple[NodePath, ast.AST, ast.AST, str]]:
+def _walk(
+    node: ast.AST, path: NodePath, parent: ast.AST, field: str
+) -> Iterator[tuple[NodePath, ast.AST, ast.AST, str]]:
     yield path, node, parent, field
     for name, value in ast.iter_fields(node):
         if name in SKIPPED_FIELDS:
@@ -182,7 +184,8 @@ MUTATORS: tuple[Mutator, ...] = (
     ),
     Mutator(
         "remove_assignment",
-        lambda n, p, f: isinstance(n, (ast.Assign, ast.AugAssign)) or (isinstance(n, ast.AnnAssign) and n.value is not None),
+        lambda n, p, f: isinstance(n, (ast.Assign, ast.AugAssign))
+        or (isinstance(n, ast.AnnAssign) and n.value is not None),
         lambda n, s: [],
     ),
     Mutator(

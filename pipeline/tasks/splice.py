@@ -135,8 +135,8 @@ def unparsed_text(stmts: list[ast.stmt], indent: str, style: Style) -> str:
     rendered = []
     for line in "\n".join(ast.unparse(stmt) for stmt in stmts).split("\n"):
         stripped = line.lstrip(" ")
-        levels = (len(line) - len(stripped)) // 4  # ast.unparse indents by four spaces
-        rendered.append(indent + style.indent_unit * levels + " " * ((len(line) - len(stripped)) % 4) + stripped if line else "")
+        levels, rest = divmod(len(line) - len(stripped), 4)  # ast.unparse indents by four spaces
+        rendered.append(indent + style.indent_unit * levels + " " * rest + stripped if line else "")
     return style.newline.join(rendered)
 
 
@@ -172,7 +172,8 @@ def _operator_text(lines: list[str], original: ast.AST, new: ast.AST) -> str | N
     for left, right, old_op, new_op in zip(operands, operands[1:], old_ops, new_ops):
         gap_start, gap_end = node_span(lines, left).end, node_span(lines, right).start
         gap = _between(lines, gap_start, gap_end)
-        text += _between(lines, position, gap_start) + re.sub(OP_PATTERNS[type(old_op)], OP_TOKENS[type(new_op)], gap, count=1)
+        gap = re.sub(OP_PATTERNS[type(old_op)], OP_TOKENS[type(new_op)], gap, count=1)
+        text += _between(lines, position, gap_start) + gap
         position = gap_end
     return text + _between(lines, position, node_span(lines, original).end)
 
@@ -220,7 +221,8 @@ def candidate_texts(
         ancestor = node_at(func, site[:depth])
         if isinstance(ancestor, ast.stmt):
             indent = _indent_of(lines, ancestor)
-            yield from _statement_edits(lines, ancestor, [unparsed_text([node_at(mutated, site[:depth])], indent, style)])
+            rendered = unparsed_text([node_at(mutated, site[:depth])], indent, style)
+            yield from _statement_edits(lines, ancestor, [rendered])
     undecorated = copy.copy(mutated)
     undecorated.decorator_list = []
     yield from _statement_edits(lines, func, [unparsed_text([undecorated], _indent_of(lines, func), style)])
@@ -249,7 +251,8 @@ def reparsed_function(text: str, func: FuncNode, old_line_count: int) -> ast.AST
 
 
 def splice(
-    lines: list[str], func: FuncNode, mutated: FuncNode, site: NodePath, original: ast.AST, new: Replacement, expected: str
+    lines: list[str], func: FuncNode, mutated: FuncNode, site: NodePath,
+    original: ast.AST, new: Replacement, expected: str,
 ) -> str | None:
     """The file text with mutated in place of func (expected is its normal_dump), or None when no edit reproduces it."""
     seen: set[str] = set()

@@ -72,7 +72,7 @@ def _patch_contents(patch: str) -> set[str]:
 
 
 def _tested_name(test: str) -> tuple[str, str]:
-    """(module, function) a test id is about: 'tests/test_itertoolz.py::test_partition' -> ('itertoolz', 'partition')."""
+    """(module, function) a test id is about: 'tests/test_x.py::test_partition' -> ('x', 'partition')."""
     parts = test.split("::")
     module = parts[0].rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_").removesuffix("_test")
     function = re.sub(r"\[.*$", "", parts[-1]).removeprefix("test_").removesuffix("_test")

@@ -130,7 +130,8 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
 def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
               text: str, config: SynthConfig) -> Task:
     p2p = sorted(base.passed - set(f2p))
-    statement = problem_statement(spec.name, f2p, failure_messages_from_log(text), seed=config.seed)
+    statement = problem_statement(spec.name, f2p, failure_messages_from_log(text), seed=config.seed,
+                                  patch=gold_patch(cand))
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
                   "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id}
     return Task(

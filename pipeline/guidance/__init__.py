@@ -1,0 +1,1 @@
+"""Guidance for failed tasks: teacher hints (Agent-RLVR) and reference action prefixes (ActGuide-RL)."""
