@@ -13,7 +13,8 @@ demo: base-image
 test: base-image
 	HANDHOLD_REQUIRE_DOCKER=1 $(PY) -m pytest -q
 
-dev: install
+dev: base-image
+	@$(PY) -c "from pipeline.cli import ensure_dagster_home; ensure_dagster_home()"
 	$(VENV)/bin/dagster dev -m assets.definitions
 
 bench: base-image
@@ -25,7 +26,6 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "handhold needs Python >= 3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
-	@mkdir -p $(DAGSTER_HOME) && touch $(DAGSTER_HOME)/dagster.yaml
 	touch $(STAMP)
 
 docker:

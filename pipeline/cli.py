@@ -9,20 +9,52 @@ import sys
 from pathlib import Path
 
 
+DAGSTER_YAML = """\
+# Written by handhold when missing: pipeline logs show in the Dagster UI; no telemetry.
+python_logs:
+  managed_python_loggers: [pipeline, sandbox, training]
+  python_log_level: INFO
+telemetry:
+  enabled: false
+"""
+
+
+def ensure_dagster_home() -> Path:
+    """DAGSTER_HOME (default .dagster_home), with a dagster.yaml that captures handhold's logs."""
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster_home").resolve())))
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists() or not config.read_text().strip():
+        config.write_text(DAGSTER_YAML)
+    return home
+
+
+def settings_overrides(pairs: list[str]) -> dict:
+    """`key=value` pairs (values read as YAML) as run config for the `settings` resource."""
+    import yaml
+
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {pair!r}: expected key=value, e.g. --set attempts=4")
+        values[key.strip()] = yaml.safe_load(value)
+    return {"resources": {"settings": {"config": values}}} if values else {}
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Materialize the whole asset graph in process, recorded in DAGSTER_HOME, and say where outputs are."""
     import dagster as dg
 
     from assets.definitions import defs
 
-    os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster_home").resolve()))
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    home = ensure_dagster_home()
     instance = dg.DagsterInstance.get()
     job = defs.resolve_job_def("main")
-    result = job.execute_in_process(instance=instance, run_config=args.run_config or None,
+    result = job.execute_in_process(instance=instance, run_config=settings_overrides(args.set) or None,
                                     raise_on_error=False)
     print(f"\nrun {result.run_id}: {'succeeded' if result.success else 'FAILED'} "
-          f"(recorded in {os.environ['DAGSTER_HOME']}; `make dev` shows it in the Dagster UI)")
+          f"(recorded in {home}; `make dev` shows it in the Dagster UI)")
     for event in result.get_asset_materialization_events():
         mat = event.step_materialization_data.materialization
         print(f"\n{mat.asset_key.to_user_string()}")
@@ -42,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="handhold", description="Training data for SWE agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="materialize the whole graph headless (the main job)")
-    demo.set_defaults(func=run_demo, run_config=None)
+    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a setting of the run (see assets/resources.py), e.g. --set attempts=4")
+    demo.set_defaults(func=run_demo)
     base = sub.add_parser("base-image", help="make sure the sandbox base image exists")
     base.set_defaults(func=run_base_image)
     args = parser.parse_args(argv)

@@ -66,11 +66,11 @@ class Task:
         return cls(**values)
 
 
-def _schema(fields: list[pa.Field], version: str, record: str) -> pa.Schema:
+def record_schema(fields: list[pa.Field], version: str, record: str) -> pa.Schema:
     return pa.schema(fields, metadata={"schema_version": version, "record": record})
 
 
-TASK_SCHEMA = _schema(
+TASK_SCHEMA = record_schema(
     [
         pa.field(f.name, pa.list_(pa.string()) if f.name in ("FAIL_TO_PASS", "PASS_TO_PASS", "test_files")
                  else pa.string(), nullable=False)
@@ -91,7 +91,7 @@ class RejectedTask:
     reason: str
 
 
-REJECT_SCHEMA = _schema(
+REJECT_SCHEMA = record_schema(
     [pa.field(n, pa.string(), nullable=False) for n in ("item", "stage", "reason")], "1", "RejectedTask"
 )
 
@@ -216,7 +216,7 @@ def _trajectory_type(name: str) -> pa.DataType:
     return special.get(name, pa.string())
 
 
-TRAJECTORY_SCHEMA = _schema(
+TRAJECTORY_SCHEMA = record_schema(
     [pa.field(f.name, _trajectory_type(f.name), nullable=f.name == "logprobs")
      for f in dataclasses.fields(Trajectory)],
     TRAJECTORY_SCHEMA_VERSION,

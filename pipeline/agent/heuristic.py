@@ -60,6 +60,8 @@ class Target:
     line: int = 0
     """Line the failure points at (0: find `function` first)."""
     function: str = ""
+    whole_function: bool = False
+    """Search the whole function starting at `line`, not just the lines around it."""
 
 
 class HeuristicPolicy:
@@ -148,14 +150,14 @@ def resolve_targets(prompt: str, out: str, test: str, workdir: str,
         grep = yield bash(f"cd {workdir} && grep -rn --include='*.py' -E '^\\s*def {name}\\(' . "
                           "| grep -v -E '/tests?/|/test_' | head -n 3", f"Find the function {name}.")
         for match in re.finditer(r"^\./(\S+?\.py):(\d+):", grep, re.M):
-            found.append(Target(match.group(1), int(match.group(2)), name))
+            found.append(Target(match.group(1), int(match.group(2)), name, whole_function=True))
     return _unique(found)[: cfg.max_targets]
 
 
 def repair_candidates(target: Target, rng: random.Random,
                       cfg: HeuristicConfig) -> Generator[Action, str, list[tuple[str, str]]]:
     """(old, new) text pairs: nearest lines to the failure first (a whole function is one tier), shuffled."""
-    in_function = bool(target.function) and target.line > 0
+    in_function = target.whole_function
     start = target.line if in_function else max(1, target.line - cfg.window)
     end = target.line + (cfg.function_lines if in_function else cfg.window)
     view = yield Action("edit", {"command": "view", "path": target.path, "view_range": [start, end]},

@@ -1,0 +1,54 @@
+"""Assets that rescue failed tasks: guidance (teacher hints, minimal action prefixes) and guided rollouts."""
+
+import dataclasses
+
+import dagster as dg
+
+from assets.resources import HandholdSettings
+from assets.rollouts import load_tasks
+from pipeline.guidance.rescue import GUIDANCE_SCHEMA, GuidancePlan, SearchStats, action_plans, failed_groups, \
+    guided_guidance, guided_jobs, make_teacher, recovery, teacher_plans
+from pipeline.records import Trajectory
+from pipeline.rollouts import read_batch, run_batch
+from pipeline.store import read_rows, write_rows
+
+
+@dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes")
+def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+    """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
+    config, batch = settings.guidance_config(), settings.batch_name()
+    unguided = read_batch(settings.path("trajectories", "unguided", batch))
+    tasks = {t.instance_id: t for t in load_tasks(settings)}
+    failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
+    plans = teacher_plans(tasks, failed, make_teacher(config), config)
+    if "action" in config.kinds:
+        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], settings.policy(),
+                              settings.rollout_config(), config, settings.path("trajectories", "probes", batch), batch)
+    path = write_rows(settings.path("guidance", batch, "guidance.parquet"),
+                      [dataclasses.asdict(p) for p in plans], GUIDANCE_SCHEMA)
+    for p in plans:
+        if not p.accepted:
+            context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
+    return dg.MaterializeResult(metadata={
+        "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
+        "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
+        "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics([]),
+    })
+
+
+@dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=[guidance], pool="sandboxes")
+def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+    """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
+    batch = settings.batch_name()
+    plans = [GuidancePlan(**r) for r in read_rows(settings.path("guidance", batch, "guidance.parquet"))]
+    tasks = {t.instance_id: t for t in load_tasks(settings)}
+    policy, config = settings.policy(), settings.rollout_config()
+    jobs = guided_jobs(tasks, guided_guidance(plans), policy, config, batch)
+    out = settings.path("trajectories", "guided", batch)
+    summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
+    guided: list[Trajectory] = summary.trajectories
+    return dg.MaterializeResult(metadata={
+        "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
+        "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
+        **{f"batch_{k}": v for k, v in summary.metrics().items()},
+    })

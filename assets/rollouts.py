@@ -1,0 +1,35 @@
+"""Assets that run the policy: unguided rollouts (N attempts per task, graded by the tests)."""
+
+from itertools import zip_longest
+
+import dagster as dg
+
+from assets.resources import HandholdSettings
+from pipeline.records import Task
+from pipeline.rollouts import plan_jobs, run_batch
+from pipeline.store import read_rows
+
+
+def load_tasks(settings: HandholdSettings) -> list[Task]:
+    """The validated tasks, repositories interleaved, cut to the configured slice."""
+    by_repo: dict[str, list[Task]] = {}
+    for row in read_rows(settings.path("tasks", "tasks.parquet")):
+        task = Task.from_row(row)
+        by_repo.setdefault(task.repo, []).append(task)
+    tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
+    return tasks[: settings.rollout_tasks] if settings.rollout_tasks else tasks
+
+
+@dg.asset(group_name="rollouts", kinds={"parquet", "docker"}, deps=["tasks"], pool="sandboxes")
+def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+    """N unguided attempts per task by the configured policy, each graded by the task's tests."""
+    tasks, policy, config = load_tasks(settings), settings.policy(), settings.rollout_config()
+    batch = settings.batch_name()
+    jobs = plan_jobs(tasks, policy, config, batch)
+    out = settings.path("trajectories", "unguided", batch)
+    summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
+    metrics = summary.metrics()
+    return dg.MaterializeResult(metadata={
+        "path": str(out / "trajectories.parquet"), "policy": policy.name, "tasks": len(tasks),
+        "attempts_per_task": config.attempts, **metrics,
+    })

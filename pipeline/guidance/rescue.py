@@ -1,0 +1,226 @@
+"""Rescue failed groups: teacher guidance and minimal action prefixes, then guided groups.
+
+Only tasks whose unguided group's best reward is at most δ get guidance (minimal
+intervention). Every probe of the prefix search is stored as a trajectory too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+
+from pipeline.agent.policy import Policy
+from pipeline.guidance.actions import action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
+    reference_actions
+from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, TeacherError, flag_leaks
+from pipeline.records import Task, Trajectory, record_schema
+from pipeline.rollouts import Guidance, Job, RolloutConfig, plan_jobs, rollout_id, run_batch
+
+log = logging.getLogger(__name__)
+
+ALL_KINDS = (*KINDS, "action")
+
+
+@dataclass(frozen=True)
+class GuidanceConfig:
+    """Which guidance failed tasks get, and how the action prefix is searched."""
+
+    kinds: tuple[str, ...] = ALL_KINDS
+    """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'action'."""
+    delta: float = 0.0
+    """A task gets guidance only when its unguided group's best reward is at most this."""
+    probes_per_step: int = 2
+    """Probe attempts per binary-search step (ActGuide: 2); any success decides the step."""
+    max_search_steps: int = 5
+    """Most binary-search steps per task (ActGuide: 5)."""
+    compare_linear: bool = True
+    """Also run the linear search from k = 1 (probes of equal k are reused) to report the probe ratio."""
+    action_source: Literal["auto", "trajectories", "expert", "file"] = "auto"
+    """Where reference actions come from; 'auto': successful trajectories, then the file, then the expert script."""
+    action_file: str = ""
+    """JSONL of imported action logs: {"instance_id", "actions": [{"name", "args"}]}."""
+    teacher: Literal["rule", "anthropic", "openai"] = "rule"
+    """'rule' (offline, from the gold patch), or an LLM teacher."""
+    teacher_model: str = ""
+    """Model of the LLM teacher (e.g. a Claude model, or a model on a vLLM server)."""
+    teacher_base_url: str = ""
+    """Server of the LLM teacher; empty: the client's default."""
+    teacher_api_key_env: str = ""
+    """Environment variable holding the teacher's API key; empty: the client's usual one."""
+    teacher_sees_gold: bool = True
+    """Show the teacher the gold patch (told never to quote it)."""
+    reject_leaks: bool = True
+    """Reject guidance that contains a line of the gold patch verbatim (else keep it, flagged)."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.kinds) - set(ALL_KINDS)
+        if unknown:
+            raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(ALL_KINDS)}")
+
+
+@dataclass(frozen=True)
+class GuidancePlan:
+    """Guidance decided for one failed task and one kind (stored as guidance.parquet)."""
+
+    instance_id: str
+    kind: str
+    text: str
+    """Exactly what the guided prompt gets."""
+    teacher: str
+    files: str = "[]"
+    functions: str = "[]"
+    leaked: bool = False
+    accepted: bool = True
+    reason: str = ""
+    actions: str = "[]"
+    """JSON reference actions (action guidance)."""
+    action_source: str = ""
+    K: int = -1
+    k_star: int = -1
+    found: bool = False
+    search_steps: int = 0
+    probes: int = 0
+    linear_k: int = -1
+    linear_probes: int = 0
+
+
+GUIDANCE_SCHEMA = record_schema(
+    [pa.field(n, {bool: pa.bool_(), int: pa.int64()}.get(t, pa.string()), nullable=False)
+     for n, t in [(f, type(v)) for f, v in GuidancePlan("", "", "", "").__dict__.items()]],
+    "1", "GuidancePlan")
+
+
+def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, list[Trajectory]]:
+    """Unguided groups whose best reward (over attempts that were not infra faults) is at most δ."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        if not t.infra_error:
+            groups.setdefault(t.instance_id, []).append(t)
+    return {k: v for k, v in groups.items() if max(t.reward for t in v) <= delta}
+
+
+def make_teacher(config: GuidanceConfig) -> Teacher:
+    if config.teacher == "rule":
+        return RuleTeacher()
+    from pipeline.agent.factory import PolicySpec, make_policy
+
+    client = make_policy(PolicySpec(kind=config.teacher, model=config.teacher_model, base_url=config.teacher_base_url,
+                                    temperature=0.0, api_key_env=config.teacher_api_key_env))
+    return LLMTeacher(client, show_gold=config.teacher_sees_gold)
+
+
+def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], teacher: Teacher,
+                  config: GuidanceConfig) -> list[GuidancePlan]:
+    """Teacher guidance of the configured kinds for each failed task; leaks flagged (and rejected)."""
+    plans = []
+    for iid, group in failed.items():
+        try:
+            items = flag_leaks(teacher.teach(tasks[iid], group[0]), tasks[iid])
+        except TeacherError as exc:
+            log.warning("teacher failed on %s: %s", iid, exc)
+            plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc))
+                      for k in KINDS if k in config.kinds]
+            continue
+        for g in items:
+            if g.kind in config.kinds:
+                rejected = g.leaked and config.reject_leaks
+                plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, json.dumps(list(g.files)),
+                                          json.dumps(list(g.functions)), g.leaked, not rejected,
+                                          "guidance copies the gold patch" if rejected else ""))
+    return plans
+
+
+def action_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], successes: list[Trajectory],
+                 policy: Policy, rollout: RolloutConfig, config: GuidanceConfig, probe_dir: Path,
+                 batch: str) -> list[GuidancePlan]:
+    """The minimal action prefix of each failed task, searched with stored probe attempts."""
+    imported = load_action_file(config.action_file) if config.action_file else {}
+
+    def search(iid: str) -> GuidancePlan:
+        actions, source = reference_actions(tasks[iid], successes, imported, config.action_source)
+        if not actions:
+            return GuidancePlan(iid, "action", "", "", accepted=False, reason="no reference actions")
+        probe = _prober(tasks[iid], actions, policy, rollout, probe_dir / iid, batch)
+        found = min_guidance_prefix(len(actions), probe, config.probes_per_step, config.max_search_steps)
+        linear = linear_prefix(len(actions), probe, config.probes_per_step) if config.compare_linear else None
+        return GuidancePlan(iid, "action", action_hint(actions, found.k_star), source, actions=json.dumps(actions),
+                            action_source=source, K=found.K, k_star=found.k_star, found=found.found,
+                            search_steps=found.steps, probes=found.probes,
+                            linear_k=linear.k_star if linear else -1, linear_probes=linear.probes if linear else 0)
+
+    with ThreadPoolExecutor(max(1, rollout.workers)) as pool:
+        return list(pool.map(search, list(failed)))
+
+
+def _prober(task: Task, actions: list[dict], policy: Policy, rollout: RolloutConfig, out: Path, batch: str):
+    """probe(k, i): one attempt with a k-action hint, stored; identical (k, i) probes are run once."""
+    single = dataclasses.replace(rollout, workers=1)
+
+    def probe(k: int, i: int) -> bool:
+        g = Guidance("action", action_hint(actions, k), tuple(actions), k, "reference")
+        seed = rollout.seed + 1000 + i
+        job = Job(task, i, seed, g, f"{batch}|probe|{task.instance_id}|{k}",
+                  rollout_id(task.instance_id, policy.name, g.key, i, seed))
+        (traj,) = run_batch([job], policy, single, out, f"{batch}-probes").trajectories
+        return traj.reward > 0 and not traj.infra_error
+
+    return probe
+
+
+def guided_guidance(plans: list[GuidancePlan]) -> dict[str, list[Guidance]]:
+    """The Guidance each accepted plan gives its task's guided group."""
+    out: dict[str, list[Guidance]] = {}
+    for p in plans:
+        if p.accepted and p.text:
+            out.setdefault(p.instance_id, []).append(
+                Guidance(p.kind, p.text, tuple(json.loads(p.actions)), p.k_star if p.kind == "action" else -1,
+                         p.teacher))
+    return out
+
+
+def guided_jobs(tasks: dict[str, Task], guidance: dict[str, list[Guidance]], policy: Policy,
+                config: RolloutConfig, batch: str) -> list[Job]:
+    """A guided group of N attempts per (task, guidance)."""
+    return [job for iid, items in guidance.items() for g in items
+            for job in plan_jobs([tasks[iid]], policy, config, batch, {iid: g})]
+
+
+def recovery(plans: list[GuidancePlan], guided: list[Trajectory]) -> dict[str, dict]:
+    """Per kind: failed tasks given guidance, those recovered (a guided success), and the rate."""
+    out = {}
+    for kind in sorted({p.kind for p in plans}):
+        given = {p.instance_id for p in plans if p.kind == kind and p.accepted}
+        recovered = {t.instance_id for t in guided if t.guidance_kind == kind and t.resolved}
+        out[kind] = {"tasks": len(given), "recovered": len(recovered & given),
+                     "rate": round(len(recovered & given) / len(given), 3) if given else 0.0}
+    return out
+
+
+@dataclass
+class SearchStats:
+    """Batch-level numbers of the action search."""
+
+    plans: list[GuidancePlan] = field(default_factory=list)
+
+    def metrics(self, guided: list[Trajectory]) -> dict:
+        acts = [p for p in self.plans if p.kind == "action" and p.K > 0]
+        recovered = {t.instance_id for t in guided if t.guidance_kind == "action" and t.resolved}
+        rec = [p for p in acts if p.instance_id in recovered]
+        ratios = [p.k_star / p.K for p in acts]
+        hist: dict[str, int] = {}
+        for r in ratios:
+            key = f"{min(int(r * 4), 3) * 25}-{min(int(r * 4), 3) * 25 + 25}%"
+            hist[key] = hist.get(key, 0) + 1
+        binary = sum(p.probes for p in rec) / len(rec) if rec else 0.0
+        linear = sum(p.linear_probes for p in rec) / len(rec) if rec else 0.0
+        return {"action_tasks": len(acts), "mean_k_star_over_K": round(sum(ratios) / len(ratios), 3) if ratios else 0,
+                "k_star_over_K_histogram": hist, "probes_per_recovered_task": round(binary, 2),
+                "linear_probes_per_recovered_task": round(linear, 2),
+                "probe_ratio_binary_over_linear": round(binary / linear, 3) if linear else 0.0}

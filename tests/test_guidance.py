@@ -1,0 +1,151 @@
+"""Guidance: the prefix search, the hint, the leakage filter, LLM teachers over HTTP, and the real loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
+from pipeline.agent.heuristic import HeuristicPolicy
+from pipeline.agent.loop import AgentConfig
+from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
+from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_prefix, search_steps_bound
+from pipeline.guidance.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
+    recovery, teacher_plans
+from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
+from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from tests.loopback import AnthropicServer, OpenAIServer, Reply
+
+
+def oracle(t: int, calls: list):
+    def probe(k: int, i: int) -> bool:
+        calls.append((k, i))
+        return k >= t
+    return probe
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 5, 8, 13, 31])
+def test_binary_search_finds_threshold_within_log_steps(K):
+    for t in range(K + 1):
+        calls: list = []
+        result = min_guidance_prefix(K, oracle(t, calls), probes_per_step=2, max_steps=10)
+        assert result.k_star == t and result.found == (t < K)  # k* = K is the fallback, never probed
+        assert result.steps <= search_steps_bound(K)
+        assert result.probes == len(calls)
+
+
+def test_binary_search_without_success_gives_full_trajectory():
+    calls: list = []
+    result = min_guidance_prefix(6, oracle(99, calls), probes_per_step=2, max_steps=5)
+    assert result.k_star == 6 and not result.found
+    assert result.probes == len(calls) == 2 * result.steps
+
+
+def test_binary_search_respects_budget():
+    calls: list = []
+    result = min_guidance_prefix(1000, oracle(3, calls), probes_per_step=2, max_steps=4)
+    assert result.steps == 4 and len(calls) <= 8 and result.k_star >= 3
+
+
+def test_linear_search_counts_probes():
+    calls: list = []
+    result = linear_prefix(10, oracle(4, calls), probes_per_step=2)
+    assert result.k_star == 4 and result.probes == 7  # k=1..3 fail twice, k=4 succeeds first time
+
+
+def test_hint_format():
+    actions = [{"name": "bash", "args": {"command": "ls"}}, {"name": "submit", "args": {}}]
+    assert action_hint(actions, 0).endswith("Reference action trajectory hint:\nNone")
+    assert action_hint(actions, 1).endswith('Reference action trajectory hint:\n1. bash: {"command": "ls"}')
+    assert "2. submit: {}" in action_hint(actions, 2)
+
+
+class CopyingTeacher:
+    """Writes a plan that pastes the fix: what the leakage filter must catch."""
+
+    name = "copier"
+
+    def teach(self, task, failed):
+        added = next(l[1:] for l in task.patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
+        return [TeacherGuidance("plan", f"Change the line to:\n{added}", teacher=self.name),
+                TeacherGuidance("environment_feedback", "Look at the function the test calls.", teacher=self.name)]
+
+
+@pytest.mark.parametrize("reject", [True, False])
+def test_leakage_filter(toolz_task, reject):
+    config = GuidanceConfig(kinds=("plan", "environment_feedback"), reject_leaks=reject)
+    plans = teacher_plans({toolz_task.instance_id: toolz_task}, {toolz_task.instance_id: [None]},
+                          CopyingTeacher(), config)
+    plan, feedback = plans
+    assert plan.leaked and plan.accepted is not reject
+    assert not feedback.leaked and feedback.accepted
+
+
+ANSWER = json.dumps({"plan": "1. Look at `toolz/itertoolz.py`.", "environment_feedback": "You edited the test.",
+                     "environment_interaction": "Use view_range.", "files": ["toolz/itertoolz.py"],
+                     "functions": ["merge_sorted"]})
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic"])
+def test_llm_teachers_over_http(protocol, toolz_task, synth_run, monkeypatch, tmp_path):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    failed = _one_failed_trajectory(toolz_task, tmp_path)
+    server_cls = OpenAIServer if protocol == "openai" else AnthropicServer
+    server = server_cls([Reply(text=f"Here you go:\n{ANSWER}"), Reply(text="no json here")])
+    with server as url:
+        client = OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0)) \
+            if protocol == "openai" else AnthropicPolicy(AnthropicPolicyConfig(model="teacher", base_url=url,
+                                                                              max_retries=0))
+        teacher = LLMTeacher(client, show_gold=True)
+        items = teacher.teach(toolz_task, failed)
+        assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction"]
+        assert items[0].files == ("toolz/itertoolz.py",) and items[0].teacher == f"llm:{client.name}"
+        with pytest.raises(TeacherError, match=toolz_task.instance_id):
+            teacher.teach(toolz_task, failed)
+    sent = json.dumps(server.requests)
+    assert "Never write the code of the fix" in sent and toolz_task.problem_statement[:40] in sent
+
+
+def _one_failed_trajectory(task, tmp_path):
+    policy = HeuristicPolicy()
+    config = RolloutConfig(attempts=1, workers=1, agent=AgentConfig(max_steps=3))
+    (traj,) = run_batch(plan_jobs([task], policy, config, "t"), policy, config, tmp_path / "t", "t").trajectories
+    return traj
+
+
+def test_rule_teacher_names_the_place_without_the_fix(toolz_task, tmp_path):
+    failed = _one_failed_trajectory(toolz_task, tmp_path)
+    items = RuleTeacher().teach(toolz_task, failed)
+    assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction"]
+    path = json.loads(toolz_task.provenance)["file"]
+    for g in items:
+        assert path in g.text and not g.leaked
+        assert not any(l[1:].strip() in g.text for l in toolz_task.patch.splitlines()
+                       if l.startswith("+") and not l.startswith("+++") and len(l[1:].strip()) > 5)
+
+
+def test_guidance_recovers_failed_groups(synth_run, tmp_path):
+    tasks = {t.instance_id: t for t in synth_run[0]}
+    policy = HeuristicPolicy()
+    config = RolloutConfig(attempts=2, workers=2, agent=AgentConfig(max_steps=40))
+    unguided = run_batch(plan_jobs(list(tasks.values()), policy, config, "u"), policy, config,
+                         tmp_path / "u", "u").trajectories
+    failed = failed_groups(unguided, delta=0.0)
+    assert failed, "every toolz task was solved unguided; nothing to rescue"
+    gconfig = GuidanceConfig(compare_linear=True)
+    plans = teacher_plans(tasks, failed, RuleTeacher(), gconfig)
+    plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], policy, config, gconfig,
+                          tmp_path / "probes", "g")
+    action = [p for p in plans if p.kind == "action"]
+    assert all(0 <= p.k_star <= p.K and p.probes <= 2 * 5 for p in action)
+    assert list((tmp_path / "probes").glob("*/trajectories.parquet"))  # probes are stored trajectories
+    guided = run_batch(guided_jobs(tasks, guided_guidance(plans), policy, config, "g"), policy, config,
+                       tmp_path / "g", "g").trajectories
+    rates = recovery(plans, guided)
+    assert rates["action"]["recovered"] >= 1
+    for t in guided:
+        assert t.unguided_prompt != t.prompt and t.guidance_text in t.prompt[-1]["content"]
+        assert t.instance_id in failed
+    recovered = {t.instance_id for t in guided if t.resolved}
+    assert recovered and all(not u.resolved for u in unguided if u.instance_id in recovered)
