@@ -17,7 +17,7 @@ class HandholdSettings(dg.ConfigurableResource):
     """Tag of the sandbox base image that environment images are built on."""
     packages: list[str] = ["toolz", "tabulate", "boltons"]
     """Built-in packages to synthesize tasks from (names in pipeline.tasks.packages.DEFAULT_PACKAGES)."""
-    tasks_per_package: int = 10
+    tasks_per_package: int = 8
     """Synthesized tasks kept per package."""
     dataset: str = ""
     """Optional SWE-bench-format dataset (Hub name or local JSON/JSONL/Parquet) loaded next to them."""
@@ -27,7 +27,7 @@ class HandholdSettings(dg.ConfigurableResource):
     """Most rows of `dataset` loaded (0: all)."""
     workers: int = 2
     """Sandboxes run at once by any stage."""
-    rollout_tasks: int = 8
+    rollout_tasks: int = 6
     """Tasks the rollout stages run on, the first ones of `tasks` (0: all of them)."""
     attempts: int = 2
     """Attempts per task in a rollout group (N)."""

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     base = sub.add_parser("base-image", help="make sure the sandbox base image exists")
     base.set_defaults(func=run_base_image)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.func is not run_demo:  # in a run, Dagster prints (and keeps) handhold's logs itself
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     return args.func(args)
 
 

@@ -64,6 +64,7 @@ class DockerSandbox:
 
     # -- container -----------------------------------------------------------------
     def _start_container(self):
+        self._ensure_image()
         c = self.config
         try:
             return self.client.containers.run(
@@ -74,10 +75,19 @@ class DockerSandbox:
                 labels={LABEL: "sandbox", f"{LABEL}.pid": str(os.getpid()),
                         f"{LABEL}.host": socket.gethostname(), f"{LABEL}.started": str(int(time.time()))},
             )
-        except docker.errors.ImageNotFound as exc:
-            raise SandboxError(f"image {self.image} is not on the engine: build or pull it first") from exc
         except docker.errors.APIError as exc:
             raise SandboxError(f"cannot start a container from {self.image}: {exc.explanation or exc}") from exc
+
+    def _ensure_image(self) -> None:
+        """Pull the image once if the engine lacks it (SWE-bench images are pulled, not built)."""
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            try:
+                self.client.images.pull(self.image)
+            except docker.errors.APIError as exc:
+                raise SandboxError(f"image {self.image} is not on the engine and cannot be pulled "
+                                   f"({exc.explanation or exc}): build or pull it first") from exc
 
     def _default_user(self) -> str:
         probe = self.container.exec_run(["id", "-u", SANDBOX_USER])
@@ -90,7 +100,7 @@ class DockerSandbox:
         exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
                                               tty=False, user=self.user or "")["Id"]
         self._sock = self.client.api.exec_start(exec_id, socket=True)._sock
-        self._frame_left, self._header = 0, b""
+        self._frame_left, self._header, self._stream = 0, b"", 1
         self._shell = marker_session
 
     def _interrupt(self) -> None:
@@ -104,22 +114,27 @@ class DockerSandbox:
             raise ShellClosed(str(exc)) from exc
 
     def _recv(self, timeout: float) -> bytes | None:
-        """Next payload bytes of the multiplexed exec stream (stdout and stderr alike)."""
+        """Next stdout bytes of the multiplexed exec stream; stderr frames are dropped, since
+        the engine does not keep their order relative to stdout."""
         self._sock.settimeout(timeout)
         try:
-            while self._frame_left == 0:  # 8-byte frame header: stream, 3 pad, length
-                more = self._sock.recv(8 - len(self._header))
-                if not more:
+            while True:
+                while self._frame_left == 0:  # 8-byte frame header: stream, 3 pad, length
+                    more = self._sock.recv(8 - len(self._header))
+                    if not more:
+                        return b""
+                    self._header += more
+                    if len(self._header) == 8:
+                        self._stream, self._frame_left = struct.unpack(">BxxxL", self._header)
+                        self._header = b""
+                chunk = self._sock.recv(min(self._frame_left, 1 << 16))
+                if not chunk:
                     return b""
-                self._header += more
-                if len(self._header) == 8:
-                    self._frame_left = struct.unpack(">BxxxL", self._header)[1]
-                    self._header = b""
-            chunk = self._sock.recv(min(self._frame_left, 1 << 16))
+                self._frame_left -= len(chunk)
+                if self._stream == 1:
+                    return chunk
         except socket.timeout:
             return None
-        self._frame_left -= len(chunk)
-        return chunk
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run in the session; a hung or exited shell is restarted and the result says so."""

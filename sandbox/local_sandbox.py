@@ -40,7 +40,7 @@ class LocalSandbox:
         session = ShellSession(self._send, self._recv, self._interrupt, cap=self.output_cap)
         argv = server_argv(self._state, session.marker, self.output_cap, self.workdir)
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
         self._shell = session
 
     def _send(self, data: bytes) -> None:

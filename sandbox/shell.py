@@ -27,6 +27,7 @@ STATE_DIR = "/tmp/.handhold-shell"
 # path spawns only the command's bash, as a job of its own (`set -m`: its own process
 # group, whose id it writes to $S/pid for `interrupt`). NUL bytes in output are dropped.
 SERVER_SCRIPT = r"""
+exec 2>/dev/null  # job notices ("[1]+ Done") must never reach the protocol stream
 S="$1"; M="$2"; CAP="$3"; mkdir -p "$S"; cd "$4" 2>/dev/null || cd /
 { export -p; printf 'cd -- %q\n' "$PWD"; } > "$S/state"
 printf '%s\n' '. "$S/state" 2>/dev/null' \

@@ -109,3 +109,16 @@ def test_missing_image_is_an_infra_fault(toolz_task):
     broken = dataclasses.replace(toolz_task, image="handhold/no-such-image:0")
     result = grade(broken, broken.patch)
     assert not result.resolved and result.fault == "infra" and "no-such-image" in result.reason
+
+
+def test_package_without_tests_is_reported_and_skipped(synth_run, base_image, docker_client):
+    from pipeline.tasks.packages import PackageSpec
+    from pipeline.tasks.synth import SynthConfig
+
+    cache = synth_run[3]
+    bad = PackageSpec("toolz", "1.0.0", ("no_such_tests",), ("toolz/*.py",))
+    tasks, report = synthesize(SynthConfig(packages=(bad, TOOLZ), tasks_per_package=3, candidates_per_package=30),
+                               base_image, cache, docker_client)
+    (reject,) = report.rejects
+    assert reject.item == "toolz-1.0.0" and reject.stage == "package" and "no_such_tests" in reject.reason
+    assert len(tasks) >= 2  # the good package still yields its (cached) tasks

@@ -168,7 +168,8 @@ def _prober(task: Task, actions: list[dict], policy: Policy, rollout: RolloutCon
         seed = rollout.seed + 1000 + i
         job = Job(task, i, seed, g, f"{batch}|probe|{task.instance_id}|{k}",
                   rollout_id(task.instance_id, policy.name, g.key, i, seed))
-        (traj,) = run_batch([job], policy, single, out, f"{batch}-probes").trajectories
+        (traj,) = run_batch([job], policy, single, out, f"{batch}-probes", progress=log.debug).trajectories
+        log.info("probe %s k=%d #%d: reward %.0f", task.instance_id, k, i, traj.reward)
         return traj.reward > 0 and not traj.infra_error
 
     return probe

@@ -66,6 +66,7 @@ def fetch_source(spec: PackageSpec, cache: Path) -> Path:
     """Download and unpack the sdist into `cache/src/<name>-<version>`, a git repo; cached."""
     root = cache / "src" / spec.key
     if (root / ".git").is_dir():
+        _check_tests(spec, root)
         return root
     sdists = cache / "sdist"
     sdists.mkdir(parents=True, exist_ok=True)
@@ -80,14 +81,18 @@ def fetch_source(spec: PackageSpec, cache: Path) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(tmp, filter="data")
     (top,) = list(tmp.iterdir())
-    missing = [p for p in spec.test_paths if not (top / p).exists()]
-    if missing:
-        raise PackageError(f"{spec.key}: the sdist has no tests at {missing}; set test_paths to where they are")
+    _check_tests(spec, top)
     _git_init(top)
     shutil.rmtree(root, ignore_errors=True)
     top.rename(root)
     shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _check_tests(spec: PackageSpec, root: Path) -> None:
+    missing = [p for p in spec.test_paths if not (root / p).exists()]
+    if missing:
+        raise PackageError(f"{spec.key}: the sdist has no tests at {missing}; set test_paths to where they are")
 
 
 def _git_init(root: Path) -> None:

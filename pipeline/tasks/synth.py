@@ -40,7 +40,7 @@ class SynthConfig:
 
     packages: tuple[PackageSpec, ...] = DEFAULT_PACKAGES
     """Packages at pinned versions to inject bugs into."""
-    tasks_per_package: int = 10
+    tasks_per_package: int = 8
     """Stop validating a package's candidates once this many are kept."""
     candidates_per_package: int = 60
     """Most bug candidates tried per package."""
