@@ -50,6 +50,8 @@ class SynthConfig:
     """A package whose suite passes less than this share of its tests is skipped."""
     suite_timeout: float = 180.0
     """Seconds one run of a package's suite may take; slower packages are skipped."""
+    slowdown: float = 3.0
+    """A candidate whose suite runs this many times slower than the clean suite is dropped."""
     workers: int = 2
     """Sandboxes validating candidates at once."""
     max_per_function: int = 1
@@ -113,12 +115,16 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
     sandbox.write_file(path, cand.mutated_source)
     try:
         report.count(spec.key, cand.kind, "tested")
-        first, text, _ = run_suite(sandbox, spec, config.suite_timeout)
+        # A bug that makes the suite much slower makes a slow task (and often a hang): drop it early.
+        limit = max(5.0, config.slowdown * base.seconds)
+        first, text, timed_out = run_suite(sandbox, spec, limit)
+        if timed_out:
+            return None
         f2p = sorted(t for t in base.passed if first.get(t, "FAILED") != "PASSED")
         if not 1 <= len(f2p) <= config.max_fail_to_pass or len(f2p) == len(base.passed):
             return None
         report.count(spec.key, cand.kind, "broke_tests")
-        second, _, _ = run_suite(sandbox, spec, config.suite_timeout)
+        second, _, _ = run_suite(sandbox, spec, limit)
         if sorted(t for t in base.passed if second.get(t, "FAILED") != "PASSED") != f2p:
             return None  # flaky under the bug
         report.count(spec.key, cand.kind, "stable")
