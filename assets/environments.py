@@ -1,5 +1,7 @@
 """Assets that make the SWE environments: base image, sources, environment images, tasks."""
 
+import dataclasses
+
 import dagster as dg
 
 from assets.resources import HandholdSettings
@@ -31,7 +33,8 @@ def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
     rows, rejects = (load_tasks(settings.dataset, split=settings.dataset_split,
                                 limit=settings.dataset_limit or None) if settings.dataset else ([], []))
     write_rows(settings.path("sources", "dataset_tasks.parquet"), [t.to_row() for t in rows], TASK_SCHEMA)
-    write_rows(settings.path("sources", "dataset_rejects.parquet"), [r.__dict__ for r in rejects], REJECT_SCHEMA)
+    write_rows(settings.path("sources", "dataset_rejects.parquet"), [dataclasses.asdict(r) for r in rejects],
+               REJECT_SCHEMA)
     return dg.MaterializeResult(metadata={
         "packages": roots, "dataset": settings.dataset or "(none)", "dataset_rows": len(rows),
         "dataset_rejects": len(rejects),
@@ -56,7 +59,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.M
     checked, dataset_rejects = check_tasks(dataset_rows, workers=settings.workers)
     all_tasks, rejects = synthesized + checked, report.rejects + dataset_rejects
     path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)
-    write_rows(settings.path("tasks", "rejects.parquet"), [r.__dict__ for r in rejects], REJECT_SCHEMA)
+    write_rows(settings.path("tasks", "rejects.parquet"), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
     for reject in rejects:
         context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
     stats = report.as_json()

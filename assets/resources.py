@@ -98,6 +98,7 @@ class HandholdSettings(dg.ConfigurableResource):
         return self.batch or time.strftime("%Y-%m-%d", time.gmtime())
 
     def synth_config(self):
+        from pipeline.guidance.rescue import teacher_client
         from pipeline.tasks.packages import DEFAULT_PACKAGES
         from pipeline.tasks.synth import SynthConfig
 
@@ -106,4 +107,6 @@ class HandholdSettings(dg.ConfigurableResource):
         if unknown:
             raise ValueError(f"settings.packages has unknown names {unknown}; choose from {sorted(known)}")
         return SynthConfig(packages=tuple(known[n] for n in self.packages),
-                           tasks_per_package=self.tasks_per_package, workers=self.workers)
+                           tasks_per_package=self.tasks_per_package, workers=self.workers,
+                           statement_writer=teacher_client(self.guidance_config()))
+

@@ -60,6 +60,9 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\n{mat.asset_key.to_user_string()}")
         for key, value in mat.metadata.items():
             print(f"  {key}: {getattr(value, 'value', value)}")
+    for event in result.get_step_failure_events():
+        error = event.event_specific_data.error
+        print(f"\nFAILED {event.step_key}: {error.message.strip() if error else event.message}")
     return 0 if result.success else 1
 
 

@@ -22,6 +22,10 @@ def write_rows(path: str | os.PathLike, rows: Iterable[dict[str, Any]], schema: 
         pq.write_table(table, tmp, compression="zstd")
         os.chmod(tmp, 0o644)  # mkstemp makes it private; outputs are meant to be shared
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, f"writing {path} failed ({exc.strerror or exc}); free space or fix "
+                                 f"permissions under {path.parent} and rerun: files already written are kept")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

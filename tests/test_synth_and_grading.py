@@ -122,3 +122,21 @@ def test_package_without_tests_is_reported_and_skipped(synth_run, base_image, do
     (reject,) = report.rejects
     assert reject.item == "toolz-1.0.0" and reject.stage == "package" and "no_such_tests" in reject.reason
     assert len(tasks) >= 2  # the good package still yields its (cached) tasks
+
+
+def test_statement_writer_llm_and_its_fallbacks(toolz_task):
+    from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
+    from pipeline.tasks.issue_writer import written_statement
+    from tests.loopback import OpenAIServer, Reply
+
+    fix_line = next(l[1:] for l in toolz_task.patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
+    issue = "merge_sorted drops items\n\nMerging two sorted lists loses elements from the second one."
+    server = OpenAIServer([Reply(text=issue), Reply(text=f"Fix it like this:\n{fix_line}"), Reply(status=500)])
+    with server as url:
+        writer = OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0))
+        args = ("toolz", list(toolz_task.FAIL_TO_PASS), {}, toolz_task.patch, 0)
+        assert written_statement(writer, *args) == issue + "\n"
+        template = written_statement(None, *args)
+        assert written_statement(writer, *args) == template  # quoted the fix: the template instead
+        assert written_statement(writer, *args) == template  # the server failed: the template instead
+    assert "never write code that fixes it" in server.requests[0]["messages"][0]["content"]

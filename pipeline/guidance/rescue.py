@@ -106,14 +106,19 @@ def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, lis
     return {k: v for k, v in groups.items() if max(t.reward for t in v) <= delta}
 
 
-def make_teacher(config: GuidanceConfig) -> Teacher:
+def teacher_client(config: GuidanceConfig) -> Policy | None:
+    """The LLM client the teacher settings name, or None for the rule-based teacher."""
     if config.teacher == "rule":
-        return RuleTeacher()
+        return None
     from pipeline.agent.factory import PolicySpec, make_policy
 
-    client = make_policy(PolicySpec(kind=config.teacher, model=config.teacher_model, base_url=config.teacher_base_url,
-                                    temperature=0.0, api_key_env=config.teacher_api_key_env))
-    return LLMTeacher(client, show_gold=config.teacher_sees_gold)
+    return make_policy(PolicySpec(kind=config.teacher, model=config.teacher_model, base_url=config.teacher_base_url,
+                                  temperature=0.0, api_key_env=config.teacher_api_key_env))
+
+
+def make_teacher(config: GuidanceConfig) -> Teacher:
+    client = teacher_client(config)
+    return RuleTeacher() if client is None else LLMTeacher(client, show_gold=config.teacher_sees_gold)
 
 
 def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], teacher: Teacher,

@@ -19,12 +19,14 @@ from pathlib import Path
 import docker
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
+from pipeline.agent.policy import Policy
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.packages import DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, \
     build_environment_image, fetch_source, test_command
-from pipeline.tasks.statements import failure_messages_from_log, problem_statement
+from pipeline.tasks.issue_writer import written_statement
+from pipeline.tasks.statements import failure_messages_from_log
 from pipeline.tasks.validate import check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 
@@ -58,6 +60,8 @@ class SynthConfig:
     """Most candidates taken from one function (spreads tasks over the code)."""
     seed: int = 0
     """Seed of candidate sampling and problem-statement templates."""
+    statement_writer: Policy | None = None
+    """The teacher LLM that writes problem statements; None: templates."""
 
 
 @dataclass
@@ -136,8 +140,8 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
 def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
               text: str, config: SynthConfig) -> Task:
     p2p = sorted(base.passed - set(f2p))
-    statement = problem_statement(spec.name, f2p, failure_messages_from_log(text), seed=config.seed,
-                                  patch=gold_patch(cand))
+    statement = written_statement(config.statement_writer, spec.name, f2p, failure_messages_from_log(text),
+                                  gold_patch(cand), config.seed)
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
                   "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id}
     return Task(
