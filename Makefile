@@ -24,7 +24,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "handhold needs Python >= 3.11"'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
@@ -32,4 +32,4 @@ docker:
 	@bash scripts/ensure_docker.sh
 
 base-image: install docker
-	@$(PY) -m sandbox.images
+	@$(VENV)/bin/handhold base-image

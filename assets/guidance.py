@@ -16,7 +16,7 @@ from pipeline.store import read_rows, write_rows
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes")
 def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
-    config, batch = settings.guidance_config(), settings.batch_name()
+    config, batch = settings.guidance_config(), settings.batch_name(context)
     unguided = read_batch(settings.path("trajectories", "unguided", batch))
     tasks = {t.instance_id: t for t in load_tasks(settings)}
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
@@ -39,7 +39,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> d
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=[guidance], pool="sandboxes")
 def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
-    batch = settings.batch_name()
+    batch = settings.batch_name(context)
     plans = [GuidancePlan(**r) for r in read_rows(settings.path("guidance", batch, "guidance.parquet"))]
     tasks = {t.instance_id: t for t in load_tasks(settings)}
     policy, config = settings.policy(), settings.rollout_config()

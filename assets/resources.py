@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import dagster as dg
@@ -94,8 +94,13 @@ class HandholdSettings(dg.ConfigurableResource):
                               teacher_api_key_env=self.teacher_api_key_env, teacher_sees_gold=self.teacher_sees_gold,
                               action_file=self.action_file)
 
-    def batch_name(self) -> str:
-        return self.batch or time.strftime("%Y-%m-%d", time.gmtime())
+    def batch_name(self, context) -> str:
+        """`batch`, or the UTC date the run was created (the same for every asset of a run)."""
+        if self.batch:
+            return self.batch
+        record = context.instance.get_run_record_by_id(context.run_id)
+        created = record.create_timestamp if record else datetime.now(timezone.utc)
+        return created.strftime("%Y-%m-%d")
 
     def synth_config(self):
         from pipeline.guidance.rescue import teacher_client

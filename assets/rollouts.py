@@ -24,7 +24,7 @@ def load_tasks(settings: HandholdSettings) -> list[Task]:
 def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """N unguided attempts per task by the configured policy, each graded by the task's tests."""
     tasks, policy, config = load_tasks(settings), settings.policy(), settings.rollout_config()
-    batch = settings.batch_name()
+    batch = settings.batch_name(context)
     jobs = plan_jobs(tasks, policy, config, batch)
     out = settings.path("trajectories", "unguided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)

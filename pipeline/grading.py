@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 import docker.errors
-from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
+from swebench.harness.constants import APPLY_PATCH_FAIL, END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
 from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec
 
@@ -27,7 +28,11 @@ from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 
 TEST_DIRS = {"test", "tests", "testing"}
-TEST_SUPPORT = {"conftest.py", "pytest.ini", "tox.ini", "noxfile.py", "sitecustomize.py", "usercustomize.py"}
+# Files pytest reads for its configuration or loads before the tests: a change there can fake a pass.
+TEST_SUPPORT = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
+                "sitecustomize.py", "usercustomize.py"}
+CONDA = "/opt/miniconda3/bin/activate"  # SWE-bench images keep the repo's environment there
+LOG_CAP = 50_000_000  # bytes of test output kept
 
 
 @dataclass(frozen=True)
@@ -59,35 +64,49 @@ def is_test_path(path: str, task: Task) -> bool:
             or p.name.startswith("test_") or p.name.endswith("_test.py"))
 
 
-def split_patch(patch: str) -> list[tuple[str, str]]:
-    """(path, text) of each file section of a git diff."""
-    sections = re.split(r"(?m)^(?=diff --git )", patch)
-    out = []
-    for section in sections:
-        match = re.match(r"diff --git a/(\S+) b/(\S+)", section)
-        if match:
-            out.append((match.group(2) if match.group(2) != "/dev/null" else match.group(1), section))
-    return out
+def section_paths(section: str) -> set[str]:
+    """Every path a file section of a git diff names (old and new, renames and copies included)."""
+    paths = set()
+    for line in section.splitlines():
+        for prefix in ("--- ", "+++ ", "rename from ", "rename to ", "copy from ", "copy to "):
+            if line.startswith(prefix):
+                name = line[len(prefix):].split("\t")[0].strip().strip('"')
+                if name != "/dev/null":
+                    paths.add(name[2:] if prefix in ("--- ", "+++ ") and name[:2] in ("a/", "b/") else name)
+    return paths
+
+
+def split_patch(patch: str) -> list[tuple[set[str], str]]:
+    """(paths, text) of each file section of a git diff."""
+    return [(section_paths(s), s) for s in re.split(r"(?m)^(?=diff --git )", patch) if s.startswith("diff --git ")]
 
 
 def without_test_changes(patch: str, task: Task) -> tuple[str, tuple[str, ...]]:
-    """The patch minus its sections on test paths, and the paths dropped."""
+    """The patch minus its sections touching test paths (or naming no path), and the paths dropped."""
     kept, dropped = [], []
-    for path, text in split_patch(patch):
-        (dropped if is_test_path(path, task) else kept).append((path, text))
-    return "".join(text for _, text in kept), tuple(path for path, _ in dropped)
+    for paths, text in split_patch(patch):
+        if not paths or any(is_test_path(p, task) for p in paths):
+            dropped += sorted(paths) or ["(unreadable section)"]
+        else:
+            kept.append(text)
+    return "".join(kept), tuple(dropped)
 
 
 def eval_script(task: Task, base: str) -> str:
     """Restore test files, apply the test patch, run the tests between swebench's markers."""
+    workdir = shlex.quote(task.workdir)
     restore = ""
     if task.test_files:
-        files = " ".join(f"'{f}'" for f in task.test_files)
-        restore = f"git checkout -q {base} -- {files} 2>/dev/null || true\n"
-    test_patch = f"git apply --whitespace=nowarn {SCRATCH}/test.patch\n" if task.test_patch else ""
-    return (f"cd {task.workdir}\n{restore}{test_patch}"
-            f"echo '{START_TEST_OUTPUT}'\n{task.test_cmd}\nrc=$?\necho '{END_TEST_OUTPUT}'\n"
-            f"echo '{TEST_EXIT_CODE}: '$rc\n")
+        files = " ".join(shlex.quote(f) for f in task.test_files)
+        # Only what exists at base can be restored; a path missing there must not void the rest.
+        restore = (f"for f in {files}; do git cat-file -e {base}:\"$f\" 2>/dev/null && "
+                   f"git checkout -q {base} -- \"$f\"; done\n")
+    test_patch = (f"git apply --whitespace=nowarn {SCRATCH}/test.patch || "
+                  f"{{ echo '{APPLY_PATCH_FAIL}'; exit 1; }}\n") if task.test_patch else ""
+    # The log is capped: a patch that prints without end must not fill the disk or memory.
+    return (f"cd {workdir}\n[ -f {CONDA} ] && . {CONDA} testbed\n{restore}{test_patch}"
+            f"echo '{START_TEST_OUTPUT}'\n{{ {task.test_cmd} ; }} 2>&1 | head -c {LOG_CAP}\n"
+            f"rc=${{PIPESTATUS[0]}}\necho '{END_TEST_OUTPUT}'\necho '{TEST_EXIT_CODE}: '$rc\n")
 
 
 def test_spec(task: Task, script: str) -> TestSpec:
@@ -100,7 +119,7 @@ def test_spec(task: Task, script: str) -> TestSpec:
 def apply_patch(sandbox: Sandbox, task: Task, patch: str) -> bool:
     sandbox.write_file(f"{SCRATCH}/candidate.patch", patch)
     result = sandbox.run(
-        f"cd {task.workdir} && (git apply --whitespace=nowarn {SCRATCH}/candidate.patch || "
+        f"cd {shlex.quote(task.workdir)} && (git apply --whitespace=nowarn {SCRATCH}/candidate.patch || "
         f"patch --batch --fuzz=5 -p1 -i {SCRATCH}/candidate.patch)", timeout=60)
     return result.exit_code == 0
 
@@ -117,7 +136,13 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     script = eval_script(task, sandbox.base_commit or "HEAD")
     sandbox.write_file(f"{SCRATCH}/eval.sh", script)
     result = sandbox.run(f"bash {SCRATCH}/eval.sh > {SCRATCH}/eval.log 2>&1", timeout=test_timeout)
+    if result.shell_restarted:
+        return Grade(False, "infra", "sandbox_error: the shell was lost while the tests ran",
+                     dropped_files=dropped, duration=time.monotonic() - start)
     log = sandbox.read_file(f"{SCRATCH}/eval.log").decode("utf-8", errors="replace")
+    if APPLY_PATCH_FAIL in log:
+        return Grade(False, "infra", "task_error: the task's test_patch does not apply", log=log,
+                     dropped_files=dropped, duration=time.monotonic() - start)
     if result.timed_out:
         return Grade(False, "patch", "tests_timed_out", log=log, dropped_files=dropped,
                      duration=time.monotonic() - start)

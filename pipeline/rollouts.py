@@ -7,6 +7,7 @@ at the end, compacts the shards into one `trajectories.parquet` per batch partit
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -143,7 +144,15 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
     """Run the jobs not yet stored under `out_dir`; return every trajectory of the batch."""
     start = time.monotonic()
     out_dir = Path(out_dir)
-    stored = {t.rollout_id: t for t in read_batch(out_dir)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one writer per batch folder, across processes too
+        return _run_locked(jobs, policy, config, out_dir, batch, progress, start)
+
+
+def _run_locked(jobs, policy, config, out_dir, batch, progress, start) -> BatchSummary:
+    # Attempts stored with an infrastructure error are run again: the fault may be gone.
+    stored = {t.rollout_id: t for t in read_batch(out_dir) if not t.infra_error}
     todo = [j for j in jobs if j.rollout_id not in stored]
     counter = _Progress(len(jobs), len(jobs) - len(todo), progress)
 
@@ -179,30 +188,39 @@ class _Progress:
 
 
 def run_job(job: Job, policy: Policy, config: RolloutConfig, batch: str) -> Trajectory:
-    """One attempt, retried on infrastructure faults; never raises for the model's or sandbox's sake."""
-    attempt, verdict, infra = None, None, ""
-    for retry in range(config.infra_retries + 1):
-        attempt, verdict, infra = _attempt_once(job, policy, config)
+    """One attempt, then its grade, each retried on infrastructure faults; never raises for the
+    model's or the sandbox's sake. A grader fault re-grades the same patch, it does not re-run the agent."""
+    attempt, verdict, infra, retries = None, None, "", 0
+    for retries in range(max(config.infra_retries, 0) + 1):
+        attempt, infra = _attempt_once(job, policy, config)
         if not infra:
             break
-        log.warning("%s #%d: infrastructure fault (try %d): %s", job.task.instance_id, job.sample_index,
-                    retry + 1, infra[:300])
-    return to_trajectory(job, policy, batch, attempt, verdict, infra, retry)
+        _warn(job, retries, infra)
+    while attempt is not None and not infra:
+        verdict = grade(job.task, attempt.patch, config.sandbox, config.test_timeout)
+        infra = f"grader: {verdict.reason}" if verdict.fault == "infra" else ""
+        if not infra or retries >= config.infra_retries:
+            break
+        retries += 1
+        _warn(job, retries, infra)
+    return to_trajectory(job, policy, batch, attempt, verdict, infra, retries)
 
 
-def _attempt_once(job: Job, policy: Policy, config: RolloutConfig) -> tuple[Attempt | None, Grade | None, str]:
+def _warn(job: Job, retry: int, infra: str) -> None:
+    log.warning("%s #%d: infrastructure fault (try %d): %s", job.task.instance_id, job.sample_index, retry + 1,
+                infra[:300])
+
+
+def _attempt_once(job: Job, policy: Policy, config: RolloutConfig) -> tuple[Attempt | None, str]:
     try:
         with task_sandbox(job.task, config.sandbox) as sandbox:
             attempt = run_attempt(job.task, policy, sandbox, config.agent, guidance_text=job.guidance.text,
                                   seed=job.seed)
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
-        return None, None, f"sandbox: {exc}"
+        return None, f"sandbox: {exc}"
     if attempt.exit_status in INFRA_EXITS:
-        return attempt, None, f"{attempt.exit_status}: {attempt.error}"
-    verdict = grade(job.task, attempt.patch, config.sandbox, config.test_timeout)
-    if verdict.fault == "infra":
-        return attempt, verdict, f"grader: {verdict.reason}"
-    return attempt, verdict, ""
+        return attempt, f"{attempt.exit_status}: {attempt.error}"
+    return attempt, ""
 
 
 def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None, verdict: Grade | None,
@@ -252,10 +270,10 @@ def read_batch(out_dir: Path) -> list[Trajectory]:
     """Every trajectory stored under a batch folder: the compacted file and any shards."""
     files = [out_dir / "trajectories.parquet"] + sorted((out_dir / "shards").glob("*.parquet"))
     seen: dict[str, Trajectory] = {}
-    for path in files:
+    for path in files:  # shards are newer than the compacted file: they win
         if path.exists():
             for row in pq.read_table(path).to_pylist():
-                seen.setdefault(row["rollout_id"], Trajectory.from_row(row))
+                seen[row["rollout_id"]] = Trajectory.from_row(row)
     return list(seen.values())
 
 
@@ -267,5 +285,5 @@ def compact(out_dir: Path) -> Path:
         rows = [t.to_row() for t in read_batch(out_dir)]
         write_rows(target, rows, TRAJECTORY_SCHEMA)
         for shard in shards:
-            shard.unlink()
+            shard.unlink(missing_ok=True)
     return target

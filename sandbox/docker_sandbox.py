@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import posixpath
+import shlex
 import socket
 import struct
 import tarfile
@@ -181,13 +182,17 @@ class DockerSandbox:
         target = self._abs(path)
         data = data.encode() if isinstance(data, str) else data
         parent = posixpath.dirname(target)
-        self.container.exec_run(["mkdir", "-p", parent], user=self.user or "")
+        # An existing file keeps its mode and owner (an executable stays executable).
+        quoted = shlex.quote(target)
+        probe = self.run(f"mkdir -p {shlex.quote(parent)} && stat -L -c '%a %u %g' {quoted} 2>/dev/null", 30)
+        fields = probe.output.split()
+        default_uid = 1000 if self.user == SANDBOX_USER else 0
+        mode, uid, gid = (int(fields[0], 8), int(fields[1]), int(fields[2])) if len(fields) == 3 \
+            else (0o644, default_uid, default_uid)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(posixpath.basename(target))
-            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-            uid = 1000 if self.user == SANDBOX_USER else 0
-            info.uid = info.gid = uid
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), int(time.time()), mode, uid, gid
             tar.addfile(info, io.BytesIO(data))
         if not self.container.put_archive(parent, buf.getvalue()):
             raise SandboxError(f"writing {target} in {self.short_id} failed")

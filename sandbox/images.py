@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import docker
 import docker.errors
 
+from sandbox.base import SandboxError
+
 log = logging.getLogger(__name__)
 
 BASE_IMAGE_TAG = "handhold/base:bookworm-py3"
@@ -42,7 +44,7 @@ def docker_client() -> docker.DockerClient:
         client = docker.from_env(timeout=300)
         client.ping()
     except Exception as exc:  # the SDK raises several kinds; all mean "no engine"
-        raise RuntimeError(
+        raise SandboxError(
             f"No Docker engine answers ({exc}). Start one (`make docker` does it on Debian as root) "
             "or set DOCKER_HOST to a running engine."
         ) from exc
@@ -67,7 +69,7 @@ def ensure_base_image(config: BaseImageConfig | None = None, client: docker.Dock
         pulled = _present_or_pulled(client, candidate)
         if pulled:
             log.info("deriving %s from %s", config.tag, candidate)
-            _add_user_layer(client, candidate, config.tag, venv_python="python3")
+            _add_user_layer(client, candidate, config.tag, venv_python="python3", install_tools=True)
             return config.tag
     log.info("no base image could be pulled; building %s with debootstrap", config.tag)
     _debootstrap_image(client, config)
@@ -85,20 +87,24 @@ def _present_or_pulled(client: docker.DockerClient, name: str) -> bool:
         return False
 
 
-def _add_user_layer(client: docker.DockerClient, source: str, tag: str, venv_python: str) -> None:
-    """Add the sandbox user and a writable /opt/venv to an image, as one build step."""
+def _add_user_layer(client: docker.DockerClient, source: str, tag: str, venv_python: str,
+                    install_tools: bool = False) -> None:
+    """Add the sandbox user and a writable /opt/venv to an image (and git, patch, procps to a pulled one)."""
+    tools = ("RUN command -v git >/dev/null && command -v patch >/dev/null && command -v pkill >/dev/null || "
+             "(apt-get update && apt-get install -y --no-install-recommends git patch procps "
+             "&& rm -rf /var/lib/apt/lists/*)\n") if install_tools else ""
     dockerfile = f"""
 FROM {source}
-RUN (id -u {SANDBOX_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {SANDBOX_USER}) \\
+{tools}RUN (id -u {SANDBOX_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {SANDBOX_USER}) \\
  && {venv_python} -m venv /opt/venv && chown -R {SANDBOX_USER} /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 LABEL {LABEL}=base
 """
-    build_from_dockerfile(client, dockerfile, tag, files={})
+    build_from_dockerfile(client, dockerfile, tag, files={}, network=install_tools)
 
 
 def build_from_dockerfile(
-    client: docker.DockerClient, dockerfile: str, tag: str, files: dict[str, str]
+    client: docker.DockerClient, dockerfile: str, tag: str, files: dict[str, str], network: bool = False
 ) -> None:
     """Build an image from a Dockerfile text and a context of host paths (name in context -> path)."""
     with tempfile.TemporaryDirectory(prefix="handhold-ctx-") as ctx:
@@ -111,7 +117,8 @@ def build_from_dockerfile(
             else:
                 shutil.copy2(path, dest)
         try:
-            client.images.build(path=ctx, tag=tag, rm=True, forcerm=True, network_mode="none")
+            client.images.build(path=ctx, tag=tag, rm=True, forcerm=True,
+                                network_mode="default" if network else "none")
         except docker.errors.BuildError as exc:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)[-3000:]
             raise RuntimeError(f"building image {tag} failed: {exc.msg}\n{tail}") from exc

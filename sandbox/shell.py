@@ -43,7 +43,7 @@ while IFS= read -r N; do
     printf '%s %d %d\n%s' "$M" "$EC" "${#OUT}" "$OUT"
   else
     N=$(stat -c %s "$S/out"); printf '%s %d %d\n' "$M" "$EC" "$N"
-    head -c $((CAP / 2)) "$S/out"; tail -c $((CAP / 2)) "$S/out"
+    head -c $((CAP / 2)) "$S/out"; tail -c $((CAP - CAP / 2)) "$S/out"
   fi
 done
 """

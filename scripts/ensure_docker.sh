@@ -21,6 +21,7 @@ if ! command -v dockerd >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
 fi
 if ! command -v debootstrap >/dev/null; then
+    apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 fi
 echo "Starting dockerd in the background (log: /var/log/handhold-dockerd.log)..."

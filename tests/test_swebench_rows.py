@@ -116,7 +116,8 @@ def test_smith_bug_becomes_setup_and_its_reverse_the_gold(tmp_path):
     assert task.patch == reverse_patch(row["patch"])
     assert '+        if isinstance(other, str) or hasattr(other, "__html__"):' in task.patch.splitlines()
     assert task.test_patch == ""
-    assert task.base_commit == "620c06c9"  # the clean commit the image holds, from the mirror name
+    assert task.base_commit == ""  # the bug becomes the only commit; validation records its hash
+    assert json.loads(task.provenance)["clean_commit"] == "620c06c9"  # what the image holds, from the mirror name
     assert json.loads(task.provenance)["bug_commit"] == row["base_commit"]
 
 

@@ -24,6 +24,7 @@ from pipeline.agent.policy import AssistantTurn, Usage
 
 SUITE = "python -m pytest -x -q --tb=short -p no:cacheprovider 2>&1 | tail -n 80"
 HINT_HEADER = "Reference action trajectory hint:"
+TOOL_WORDS = {"bash", "edit", "view", "view_range", "create", "str_replace", "insert", "submit", "old_str"}
 REPAIRS = [  # (pattern, replacement): each applied at one match at a time
     (r"==", "!="), (r"!=", "=="), (r"<=", "<"), (r">=", ">"), (r"(?<![<>=!-])<(?![<=])", "<="),
     (r"(?<![<>=!-])>(?![>=])", ">="), (r"(?<![<>=!-])<(?![<=])", ">="), (r"(?<![<>=!-])>(?![>=])", "<="),
@@ -237,7 +238,7 @@ def guided_targets(prompt: str) -> list[Target]:
         return []
     text = prompt.split("Guidance", 1)[1]
     paths = re.findall(r"`([\w/.-]+\.py)`", text)
-    functions = [f for f in re.findall(r"`(\w+)(?:\(\))?`", text) if not f.endswith("py")]
+    functions = [f for f in re.findall(r"`(\w+)(?:\(\))?`", text) if f not in TOOL_WORDS]
     lines = [int(n) for n in re.findall(r"\bline (\d+)", text)]
     targets = [Target(p, n) for p in paths[:1] for n in lines[:1]]
     return targets + [Target(paths[0] if paths else "", 0, f) for f in functions]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 
 from pipeline.records import Task
 
@@ -42,13 +43,14 @@ def expert_actions(task: Task) -> list[dict]:
     actions: list[dict] = []
     for path in dict.fromkeys(e[0] for e in edits):
         stem = path.rsplit("/", 1)[-1].removesuffix(".py")
-        actions.append({"name": "bash", "args": {"command": f"cd {task.workdir} && grep -rln '{stem}' "
-                                                            "--include='*.py' . | head -n 20"}})
+        actions.append({"name": "bash", "args": {"command": f"cd {shlex.quote(task.workdir)} && grep -rln "
+                                                            f"{shlex.quote(stem)} --include='*.py' . | head -n 20"}})
     for path, start, old, new in edits:
         actions.append({"name": "edit", "args": {"command": "view", "path": path,
                                                  "view_range": [max(1, start - 5), start + 15]}})
         actions.append({"name": "edit", "args": {"command": "str_replace", "path": path, "old_str": old,
                                                  "new_str": new}})
-    actions.append({"name": "bash", "args": {"command": f"cd {task.workdir} && {task.test_cmd} 2>&1 | tail -n 20"}})
+    actions.append({"name": "bash", "args": {"command": f"cd {shlex.quote(task.workdir)} && {task.test_cmd} 2>&1 "
+                                                        "| tail -n 20"}})
     actions.append({"name": "submit", "args": {}})
     return actions

@@ -128,7 +128,7 @@ def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], t
     for iid, group in failed.items():
         try:
             items = flag_leaks(teacher.teach(tasks[iid], group[0]), tasks[iid])
-        except TeacherError as exc:
+        except Exception as exc:  # a teacher's failure (API, parse, odd patch) is that task's, not the batch's
             log.warning("teacher failed on %s: %s", iid, exc)
             plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc))
                       for k in KINDS if k in config.kinds]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shlex
 from typing import Iterator
 
 from pipeline.records import Task
@@ -25,7 +26,7 @@ def prepare(sandbox: Sandbox, task: Task) -> str:
         return sandbox.base_commit or ""
     sandbox.write_file(f"{SCRATCH}/setup.patch", task.setup_patch)
     script = (
-        f"cd {task.workdir} && git apply --whitespace=nowarn {SCRATCH}/setup.patch && rm -f {SCRATCH}/setup.patch"
+        f"cd {shlex.quote(task.workdir)} && git apply --whitespace=nowarn {SCRATCH}/setup.patch && rm -f {SCRATCH}/setup.patch"
         f" && rm -rf .git && git init -q && printf '{IGNORED}' >> .git/info/exclude"
         f" && git add -A && env {GIT_ENV} git commit -q -m 'Initial commit' && git rev-parse HEAD"
     )
@@ -48,5 +49,5 @@ def task_sandbox(task: Task, config: DockerSandboxConfig | None = None) -> Itera
     with DockerSandbox(task.image, workdir=task.workdir, config=config,
                        base_commit=task.base_commit or None) as sandbox:
         prepare(sandbox, task)
-        sandbox.run(f"cd {task.workdir}")
+        sandbox.run(f"cd {shlex.quote(task.workdir)}")
         yield sandbox

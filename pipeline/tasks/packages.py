@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shlex
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def fetch_source(spec: PackageSpec, cache: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     with tarfile.open(archive) as tar:
         tar.extractall(tmp, filter="data")
-    (top,) = list(tmp.iterdir())
+    tops = list(tmp.iterdir())
+    if len(tops) != 1:
+        raise PackageError(f"{spec.key}: the sdist does not unpack into one folder ({len(tops)} entries)")
+    top = tops[0]
     _check_tests(spec, top)
     _git_init(top)
     shutil.rmtree(root, ignore_errors=True)
@@ -130,7 +134,7 @@ def image_tag(spec: PackageSpec, base_image_id: str) -> str:
 
 
 def dockerfile(base: str, spec: PackageSpec, build_requires: list[str]) -> str:
-    reqs = " ".join(f"'{r}'" for r in [*build_requires, *spec.test_requirements])
+    reqs = " ".join(shlex.quote(r) for r in [*build_requires, *spec.test_requirements])
     return f"""FROM {base}
 USER root
 COPY wheels /tmp/wheels
@@ -170,4 +174,4 @@ def build_environment_image(spec: PackageSpec, base_image: str, cache: Path, cli
 
 def test_command(spec: PackageSpec) -> str:
     """The pytest command the tasks of this package use (output parsed by swebench's pytest parser)."""
-    return "python -m pytest -rA --tb=short -p no:cacheprovider " + " ".join(spec.test_paths)
+    return "python -m pytest -rA --tb=short -p no:cacheprovider " + " ".join(shlex.quote(p) for p in spec.test_paths)

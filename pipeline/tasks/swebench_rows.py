@@ -217,10 +217,13 @@ def _smith_fields(row: dict[str, Any], item: str, tests: tuple[str, ...], proven
     if not clean:
         fix = "use the mirror name, 'swesmith/owner__repo.<commit>'"
         raise TaskRowError(item, "repo", "names no commit", fix)
+    provenance = {**provenance, "clean_commit": clean.group(1)}
     if row.get("base_commit"):
         provenance = {**provenance, "bug_commit": row["base_commit"]}
     return dict(
-        base_commit=clean.group(1),
+        # the bug becomes the repository's only commit when a sandbox starts; its hash is
+        # recorded when the task is validated
+        base_commit="",
         patch=reverse_patch(row["patch"]),
         setup_patch=row["patch"],
         test_patch="",

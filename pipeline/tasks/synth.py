@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,7 @@ from sandbox.docker_sandbox import DockerSandbox
 log = logging.getLogger(__name__)
 
 LOG_PARSER = "parse_log_pytest"
-STAGES = ("generated", "compiled", "tested", "broke_tests", "stable", "kept")
+_COUNT_LOCK = threading.Lock()  # candidate workers count from several threads
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ class SynthConfig:
 
 @dataclass
 class SynthReport:
-    """What every stage did, per package and per mutation kind."""
+    """What every stage did, per package and per mutation kind: generated, compiled, tested,
+    broke_tests, stable (same failures twice), kept (checked by the verifier)."""
 
     per_package: dict[str, Counter] = field(default_factory=dict)
     per_kind: dict[str, Counter] = field(default_factory=dict)
@@ -74,8 +76,9 @@ class SynthReport:
     seconds: float = 0.0
 
     def count(self, package: str, kind: str, stage: str, n: int = 1) -> None:
-        self.per_package.setdefault(package, Counter())[stage] += n
-        self.per_kind.setdefault(kind, Counter())[stage] += n
+        with _COUNT_LOCK:
+            self.per_package.setdefault(package, Counter())[stage] += n
+            self.per_kind.setdefault(kind, Counter())[stage] += n
 
     def as_json(self) -> dict:
         return {"per_package": {k: dict(v) for k, v in self.per_package.items()},
@@ -180,13 +183,20 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
     """Try candidates on the sandboxes in parallel until enough are kept."""
     tasks: list[Task] = []
     pending = list(candidates)
+    lock = threading.Lock()
+
+    def next_candidate() -> BugCandidate | None:
+        with lock:
+            return pending.pop(0) if pending and len(tasks) < config.tasks_per_package else None
 
     def worker(sandbox: DockerSandbox) -> None:
-        while pending and len(tasks) < config.tasks_per_package:
-            cand = pending.pop(0)
+        while (cand := next_candidate()) is not None:
             found = try_candidate(sandbox, spec, cand, base, config, report)
-            if found and len(tasks) < config.tasks_per_package:
-                tasks.append(make_task(spec, image, cand, found[0], base, found[1], config))
+            if found:
+                task = make_task(spec, image, cand, found[0], base, found[1], config)
+                with lock:
+                    if len(tasks) < config.tasks_per_package:
+                        tasks.append(task)
 
     with ThreadPoolExecutor(len(sandboxes)) as pool:
         for future in [pool.submit(worker, sb) for sb in sandboxes]:
@@ -195,8 +205,9 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
 
 
 def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path) -> Path:
+    writer = config.statement_writer.name if config.statement_writer else "templates"
     key = repr((image, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
-                config.max_per_function, config.seed))
+                config.max_per_function, config.seed, config.min_pass_rate, config.slowdown, writer))
     return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
 
 

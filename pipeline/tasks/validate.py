@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
+import docker.errors
+
 from pipeline.grading import Grade, grade_in
 from pipeline.records import RejectedTask, Task
 from pipeline.tasks.environment import task_sandbox
@@ -23,7 +25,7 @@ def check_task(task: Task, test_timeout: float = 300) -> Task | RejectedTask:
             gold = grade_in(sandbox, task, task.patch, test_timeout)
             sandbox.reset()
             empty = grade_in(sandbox, task, "", test_timeout)
-    except SandboxError as exc:
+    except (SandboxError, docker.errors.DockerException, OSError) as exc:
         return RejectedTask(task.instance_id, "validate", f"sandbox failed: {exc}")
     if not gold.resolved:
         return RejectedTask(task.instance_id, "validate", f"gold patch does not resolve it ({gold.reason}): "
