@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -104,7 +105,8 @@ class KillOnce:
         if not self.killed and sum(m["role"] == "assistant" for m in messages) == 1:
             self.killed = True
             client = docker.from_env()
-            for c in client.containers.list(filters={"label": "org.handhold=sandbox", "ancestor": self.image}):
+            mine = {"label": ["org.handhold=sandbox", f"org.handhold.pid={os.getpid()}"], "ancestor": self.image}
+            for c in client.containers.list(filters=mine):  # only this test process's containers
                 c.kill()
         return self.inner.act(messages, tools, seed=seed)
 
@@ -142,7 +144,9 @@ def test_llm_policies_full_rollouts(protocol, toolz_task, tmp_path, monkeypatch)
             (traj,) = run_batch(jobs, policy, config, tmp_path / protocol / name, name).trajectories
             results[name] = traj
             assert "test-key" not in traj.policy_settings
-    assert results["solving"].resolved and results["solving"].exit_status == "submitted"
+    solving = results["solving"]
+    assert solving.resolved and solving.exit_status == "submitted", (
+        solving.grade_reason, solving.infra_error, solving.patch, solving.messages[-4:])
     assert not results["failing"].resolved and results["failing"].exit_status == "submitted"
     assert results["garbage"].exit_status == "format_errors" and not results["garbage"].resolved
     assert results["garbage"].format_errors >= 3
