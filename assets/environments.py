@@ -1,6 +1,7 @@
 """Assets that make the SWE environments: base image, sources, environment images, tasks."""
 
 import dataclasses
+import json
 
 import dagster as dg
 
@@ -63,6 +64,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.M
     for reject in rejects:
         context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
     stats = report.as_json()
+    settings.path("tasks", "synth_report.json").write_text(json.dumps(stats, indent=1))
     return dg.MaterializeResult(metadata={
         "path": str(path), "tasks": len(all_tasks), "rejected": len(rejects), "synth_seconds": stats["seconds"],
         "per_package": stats["per_package"], "per_kind": stats["per_kind"],

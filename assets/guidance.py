@@ -32,7 +32,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> d
     return dg.MaterializeResult(metadata={
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
-        "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics([]),
+        "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics(),
     })
 
 

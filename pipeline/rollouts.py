@@ -51,6 +51,8 @@ class RolloutConfig:
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     test_timeout: float = 300.0
     """Seconds the grader's test run may take."""
+    quote_ngram: int = 8
+    """A guided response sharing a run of this many words with the guidance is flagged `quotes_guidance`."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Limits and prompt options of each attempt."""
     sandbox: DockerSandboxConfig = field(default_factory=DockerSandboxConfig)
@@ -203,7 +205,7 @@ def run_job(job: Job, policy: Policy, config: RolloutConfig, batch: str) -> Traj
             break
         retries += 1
         _warn(job, retries, infra)
-    return to_trajectory(job, policy, batch, attempt, verdict, infra, retries)
+    return to_trajectory(job, policy, batch, attempt, verdict, infra, retries, config.quote_ngram)
 
 
 def _warn(job: Job, retry: int, infra: str) -> None:
@@ -224,7 +226,7 @@ def _attempt_once(job: Job, policy: Policy, config: RolloutConfig) -> tuple[Atte
 
 
 def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None, verdict: Grade | None,
-                  infra: str, retries: int) -> Trajectory:
+                  infra: str, retries: int, quote_ngram: int = 8) -> Trajectory:
     g = job.guidance
     return Trajectory(
         rollout_id=job.rollout_id, group_id=job.group_id, batch=batch, instance_id=job.task.instance_id,
@@ -243,7 +245,7 @@ def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None,
         infra_error=infra, infra_retries=retries, format_errors=attempt.format_errors if attempt else 0,
         total_tokens=attempt.total_tokens if attempt else 0, wall_time=attempt.wall_time if attempt else 0.0,
         grade_time=verdict.duration if verdict else 0.0,
-        quotes_guidance=bool(attempt and g.text and quotes_guidance(attempt.messages, g.text)),
+        quotes_guidance=bool(attempt and g.text and quotes_guidance(attempt.messages, g.text, quote_ngram)),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 

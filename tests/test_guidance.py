@@ -149,3 +149,14 @@ def test_guidance_recovers_failed_groups(synth_run, tmp_path):
         assert t.instance_id in failed
     recovered = {t.instance_id for t in guided if t.resolved}
     assert recovered and all(not u.resolved for u in unguided if u.instance_id in recovered)
+
+
+def test_quoting_the_guidance_is_flagged():
+    from pipeline.rollouts import quotes_guidance
+
+    hint = "Guidance (plan):\n1. Where to look: `toolz/itertoolz.py`, in `merge_sorted`, around line 125."
+    quoting = [{"role": "assistant", "content": "As the hint says: where to look: toolz/itertoolz.py, in merge_sorted, around line 125"}]
+    own = [{"role": "assistant", "content": "I will open itertoolz and read merge_sorted first."}]
+    assert quotes_guidance(tuple(quoting), hint, n=8)
+    assert not quotes_guidance(tuple(own), hint, n=8)
+    assert quotes_guidance(tuple(own), hint, n=1)  # the threshold is a setting

@@ -215,10 +215,14 @@ class SearchStats:
 
     plans: list[GuidancePlan] = field(default_factory=list)
 
-    def metrics(self, guided: list[Trajectory]) -> dict:
+    def metrics(self, guided: list[Trajectory] | None = None) -> dict:
+        """Search numbers; probe counts per recovered task once the guided rollouts are in, else per task."""
         acts = [p for p in self.plans if p.kind == "action" and p.K > 0]
-        recovered = {t.instance_id for t in guided if t.guidance_kind == "action" and t.resolved}
-        rec = [p for p in acts if p.instance_id in recovered]
+        if guided is None:
+            rec, per = acts, "task"
+        else:
+            recovered = {t.instance_id for t in guided if t.guidance_kind == "action" and t.resolved}
+            rec, per = [p for p in acts if p.instance_id in recovered], "recovered_task"
         ratios = [p.k_star / p.K for p in acts]
         hist: dict[str, int] = {}
         for r in ratios:
@@ -227,6 +231,6 @@ class SearchStats:
         binary = sum(p.probes for p in rec) / len(rec) if rec else 0.0
         linear = sum(p.linear_probes for p in rec) / len(rec) if rec else 0.0
         return {"action_tasks": len(acts), "mean_k_star_over_K": round(sum(ratios) / len(ratios), 3) if ratios else 0,
-                "k_star_over_K_histogram": hist, "probes_per_recovered_task": round(binary, 2),
-                "linear_probes_per_recovered_task": round(linear, 2),
+                "k_star_over_K_histogram": hist, f"probes_per_{per}": round(binary, 2),
+                f"linear_probes_per_{per}": round(linear, 2),
                 "probe_ratio_binary_over_linear": round(binary / linear, 3) if linear else 0.0}

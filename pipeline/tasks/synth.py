@@ -231,10 +231,15 @@ def _package_tasks(spec, base_image, cache, config, report, client) -> list[Task
     if cached.exists():
         report.per_package.setdefault(spec.key, Counter())["cached"] = 1
         return [Task.from_row(r) for r in read_rows(cached)]
+    start = time.monotonic()
+    log.info("%s: synthesizing tasks in %s", spec.key, image)
     _, candidates = synthesize_package(spec, base_image, cache, config, report, client)
     kept, rejects = check_tasks(candidates, workers=config.workers)
     report.rejects += rejects
     for task in kept:
         report.count(spec.key, json.loads(task.provenance)["kind"], "kept")
     write_rows(cached, [t.to_row() for t in kept], TASK_SCHEMA)
+    counts = report.per_package[spec.key]
+    log.info("%s: %d tasks kept (%d candidates tested, %d broke tests, %d set aside by the verifier) in %.0f s",
+             spec.key, len(kept), counts["tested"], counts["broke_tests"], len(rejects), time.monotonic() - start)
     return kept
