@@ -273,3 +273,10 @@ def test_tiny_local_model_runs_an_attempt_with_logprobs(tmp_path, sandbox, task)
     turns = [m for m in attempt.messages if m["role"] == "assistant"]
     assert len(attempt.logprobs) == len(turns) == len(attempt.steps) >= 1
     assert all(lp and all(value <= 0 for value in lp) for lp in attempt.logprobs)
+
+
+def test_breaking_the_repository_is_the_attempts_fault(sandbox, task):
+    script = [Reply(tool_calls=(ToolCall("bash", {"command": "rm -rf .git"}),)), Reply(tool_calls=(ToolCall("submit"),))]
+    with OpenAIServer(script) as base_url:
+        attempt = run_attempt(task, openai_policy(base_url), sandbox, AgentConfig())
+    assert attempt.exit_status == "repo_broken" and attempt.patch == ""

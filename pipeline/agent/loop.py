@@ -18,7 +18,7 @@ from pipeline.records import Task
 from sandbox.base import Sandbox, SandboxError
 
 ExitStatus = Literal["submitted", "max_steps", "max_tokens", "max_wall_time", "format_errors",
-                     "policy_error", "context_error", "sandbox_error"]
+                     "policy_error", "context_error", "sandbox_error", "repo_broken"]
 API_STATUS_ERRORS = (openai.APIStatusError, anthropic.APIStatusError)
 REQUEST_REJECTED = frozenset({400, 413, 422})  # the request itself is at fault: context too long, bad message
 NO_TOOL_CALL = "Format error: your reply has no tool call. Call exactly one tool per turn; call submit when done."
@@ -135,7 +135,10 @@ def run_attempt(task: Task, policy: Policy, sandbox: Sandbox, config: AgentConfi
     try:
         patch = sandbox.diff()
     except SandboxError as exc:
-        patch, status, error = "", "sandbox_error", error or f"diff failed: {exc}"
+        if status != "sandbox_error" and _answers(sandbox):  # the sandbox is fine: the attempt broke the repo
+            patch, status, error = "", "repo_broken", f"the repository cannot be diffed any more: {exc}"
+        else:
+            patch, status, error = "", "sandbox_error", error or f"diff failed: {exc}"
     return Attempt(
         messages=tuple(run.messages),
         prompt=tuple(prompt),
@@ -189,6 +192,15 @@ def _loop(run: _Run, policy: Policy, sandbox: Sandbox, config: AgentConfig, tool
         _record(run, turn, name, time.monotonic() - started, error=result.error)
         if result.submitted:
             return "submitted", ""
+
+
+def _answers(sandbox: Sandbox) -> bool:
+    """True when the sandbox's shell still runs commands normally."""
+    try:
+        result = sandbox.run("true", timeout=30)
+    except SandboxError:
+        return False
+    return result.exit_code == 0 and not result.shell_restarted
 
 
 def step_seed(seed: int | None, step: int) -> int | None:
