@@ -18,8 +18,8 @@ import docker.errors
 
 from sandbox.base import SandboxError
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
-from sandbox.shell import (DEFAULT_TIMEOUT, OUTPUT_CAP, STATE_DIR, ShellClosed, ShellSession, run_or_restart,
-                           server_argv)
+from sandbox.shell import (DEFAULT_TIMEOUT, OUTPUT_CAP, STATE_DIR, ShellClosed, ShellSession, kill_all_command,
+                           run_or_restart, server_argv)
 from sandbox.worktree import diff_command, head_command, reset_command
 
 log = logging.getLogger(__name__)
@@ -146,12 +146,21 @@ class DockerSandbox:
         self.container.reload()
         if self.container.status != "running":
             raise SandboxError(f"container {self.short_id} is {self.container.status}; the sandbox is gone")
-        self.container.exec_run(["pkill", "-KILL", "-f", "handhold-shell"], user="root")
         try:
             self._sock.close()
         except OSError:
             pass
-        self._start_shell()
+        # A lost session takes its processes with it; under a fork bomb an exec can fail to
+        # fork, so try a few times.
+        for attempt in range(10):
+            try:
+                self.container.exec_run(["sh", "-c", kill_all_command(STATE_DIR)], user="root")
+                self._start_shell()
+                return
+            except docker.errors.APIError as exc:
+                log.warning("sandbox %s: restart failed (%s), retrying", self.short_id, exc)
+                time.sleep(0.5 * (attempt + 1))
+        raise SandboxError(f"sandbox {self.short_id}: the shell cannot be restarted")
 
     def _checked(self, command: str, what: str) -> str:
         result = self.run(command, timeout=max(self.config.timeout, 120))

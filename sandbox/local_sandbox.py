@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from sandbox.base import CommandResult, SandboxError
-from sandbox.shell import DEFAULT_TIMEOUT, OUTPUT_CAP, ShellSession, run_or_restart, server_argv
+from sandbox.shell import DEFAULT_TIMEOUT, OUTPUT_CAP, ShellSession, kill_all_command, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
 
 
@@ -59,6 +59,8 @@ class LocalSandbox:
 
     def _restart_shell(self) -> None:
         self._stop_shell()
+        subprocess.run(["sh", "-c", kill_all_command(self._state).replace("pkill -KILL -f handhold-shell; ", "")],
+                       check=False)
         self._start_shell()
 
     def _stop_shell(self) -> None:

@@ -36,7 +36,7 @@ export S; export -n LC_ALL; LC_ALL=C; set -m
 while IFS= read -r N; do
   IFS= read -r -d '' -N "$N" CMD; printf '%s' "$CMD" > "$S/cmd"
   bash --noprofile --norc "$S/run" < /dev/null > "$S/out" 2>&1 &
-  printf '%s\n' "$!" > "$S/pid"; wait "$!"
+  printf '%s\n' "$!" > "$S/pid"; printf '%s\n' "$!" >> "$S/pgids"; wait "$!"
   EC=$?; OUT=
   IFS= read -r -d '' -N $((CAP + 1)) OUT < "$S/out"
   if [ "${#OUT}" -le "$CAP" ]; then
@@ -148,6 +148,12 @@ def _decode(body: bytes, cut: int, cap: int) -> str:
         + f"\n[... {cut} bytes of output cut ...]\n"
         + tail.decode("utf-8", errors="replace")
     )
+
+
+def kill_all_command(state_dir: str) -> str:
+    """Shell that kills every process group the session's commands started (a fork bomb included)."""
+    return (f"for g in $(cat {state_dir}/pgids 2>/dev/null); do kill -s KILL -- -$g 2>/dev/null; done; "
+            f"rm -f {state_dir}/pgids; pkill -KILL -f handhold-shell; true")
 
 
 def server_argv(state_dir: str, marker: str, cap: int, workdir: str) -> list[str]:

