@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
-from sandbox.base import SandboxError
+from sandbox.base import CommandResult, SandboxError
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import (DEFAULT_TIMEOUT, OUTPUT_CAP, STATE_DIR, ShellClosed, ShellSession, kill_all_command,
                            run_or_restart, server_argv)

@@ -6,7 +6,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 

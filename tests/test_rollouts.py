@@ -57,7 +57,7 @@ def test_heuristic_batch_is_stored_and_resumes(synth_run, tmp_path):
 
 def test_killed_batch_resumes_without_duplicates(synth_run, tmp_path):
     tasks = synth_run[0][:2]
-    script = f"""
+    script = """
 import sys
 from pipeline.store import read_rows
 from pipeline.records import Task

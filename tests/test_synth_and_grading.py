@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 
 from pipeline.grading import grade, without_test_changes
 from pipeline.records import TASK_SCHEMA, Task

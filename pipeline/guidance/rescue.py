@@ -19,7 +19,7 @@ import pyarrow as pa
 from pipeline.agent.policy import Policy
 from pipeline.guidance.actions import action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
     reference_actions
-from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, TeacherError, flag_leaks
+from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, flag_leaks
 from pipeline.records import Task, Trajectory, record_schema
 from pipeline.rollouts import Guidance, Job, RolloutConfig, plan_jobs, rollout_id, run_batch
 
