@@ -154,7 +154,8 @@ class DockerSandbox:
         # fork, so try a few times.
         for attempt in range(10):
             try:
-                self.container.exec_run(["sh", "-c", kill_all_command(STATE_DIR)], user="root")
+                kill = f"{kill_all_command(STATE_DIR)}; pkill -KILL -f handhold-shell; true"
+                self.container.exec_run(["sh", "-c", kill], user="root")
                 self._start_shell()
                 return
             except docker.errors.APIError as exc:

@@ -59,8 +59,7 @@ class LocalSandbox:
 
     def _restart_shell(self) -> None:
         self._stop_shell()
-        subprocess.run(["sh", "-c", kill_all_command(self._state).replace("pkill -KILL -f handhold-shell; ", "")],
-                       check=False)
+        subprocess.run(["sh", "-c", kill_all_command(self._state)], check=False)
         self._start_shell()
 
     def _stop_shell(self) -> None:

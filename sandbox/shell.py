@@ -153,7 +153,7 @@ def _decode(body: bytes, cut: int, cap: int) -> str:
 def kill_all_command(state_dir: str) -> str:
     """Shell that kills every process group the session's commands started (a fork bomb included)."""
     return (f"for g in $(cat {state_dir}/pgids 2>/dev/null); do kill -s KILL -- -$g 2>/dev/null; done; "
-            f"rm -f {state_dir}/pgids; pkill -KILL -f handhold-shell; true")
+            f"rm -f {state_dir}/pgids; true")
 
 
 def server_argv(state_dir: str, marker: str, cap: int, workdir: str) -> list[str]:

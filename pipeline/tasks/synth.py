@@ -157,10 +157,9 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
     )
 
 
-def synthesize_package(spec: PackageSpec, base_image: str, cache: Path, config: SynthConfig,
-                       report: SynthReport, client: docker.DockerClient) -> tuple[str, list[Task]]:
-    """Candidate tasks of one package (not yet checked by the verifier)."""
-    image = build_environment_image(spec, base_image, cache, client)
+def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: SynthConfig,
+                       report: SynthReport, client: docker.DockerClient) -> list[Task]:
+    """Candidate tasks of one package, in its environment image (not yet checked by the verifier)."""
     root = fetch_source(spec, cache)
     candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
                                            max_per_function=config.max_per_function,
@@ -176,7 +175,7 @@ def synthesize_package(spec: PackageSpec, base_image: str, cache: Path, config: 
     finally:
         for sb in sandboxes:
             sb.close()
-    return image, tasks
+    return tasks
 
 
 def _validate_candidates(spec, image, candidates, base, sandboxes, config, report) -> list[Task]:
@@ -233,7 +232,7 @@ def _package_tasks(spec, base_image, cache, config, report, client) -> list[Task
         return [Task.from_row(r) for r in read_rows(cached)]
     start = time.monotonic()
     log.info("%s: synthesizing tasks in %s", spec.key, image)
-    _, candidates = synthesize_package(spec, base_image, cache, config, report, client)
+    candidates = synthesize_package(spec, image, cache, config, report, client)
     kept, rejects = check_tasks(candidates, workers=config.workers)
     report.rejects += rejects
     for task in kept:
