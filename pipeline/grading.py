@@ -23,7 +23,7 @@ from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec
 
 from pipeline.records import Task
-from pipeline.tasks.environment import SCRATCH, task_sandbox
+from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 
@@ -50,6 +50,10 @@ class Grade:
     dropped_files: tuple[str, ...] = ()
     """Files whose changes were discarded because the tests read them."""
     duration: float = 0.0  # seconds
+    enforcement: tuple[str, ...] = ()
+    """Every action the grader took on the patched tree ('restored <path>', 'removed <path>: <why>')."""
+    suspicious: tuple[str, ...] = ()
+    """Static flags on what the patch adds ('os._exit in pkg/mod.py', ...); evidence of tampering."""
 
     @property
     def reward(self) -> float:
@@ -92,7 +96,7 @@ def without_test_changes(patch: str, task: Task) -> tuple[str, tuple[str, ...]]:
     return "".join(kept), tuple(dropped)
 
 
-def eval_script(task: Task, base: str) -> str:
+def eval_script(task: Task, base: str, scratch: str) -> str:
     """Restore test files, apply the test patch, run the tests between swebench's markers."""
     workdir = shlex.quote(task.workdir)
     restore = ""
@@ -101,7 +105,7 @@ def eval_script(task: Task, base: str) -> str:
         # Only what exists at base can be restored; a path missing there must not void the rest.
         restore = (f"for f in {files}; do git cat-file -e {base}:\"$f\" 2>/dev/null && "
                    f"git checkout -q {base} -- \"$f\"; done\n")
-    test_patch = (f"git apply --whitespace=nowarn {SCRATCH}/test.patch || "
+    test_patch = (f"git apply --whitespace=nowarn {scratch}/test.patch || "
                   f"{{ echo '{APPLY_PATCH_FAIL}'; exit 1; }}\n") if task.test_patch else ""
     # The log is capped: a patch that prints without end must not fill the disk or memory.
     return (f"cd {workdir}\n[ -f {CONDA} ] && . {CONDA} testbed\n{restore}{test_patch}"
@@ -117,10 +121,10 @@ def test_spec(task: Task, script: str) -> TestSpec:
 
 
 def apply_patch(sandbox: Sandbox, task: Task, patch: str) -> bool:
-    sandbox.write_file(f"{SCRATCH}/candidate.patch", patch)
+    sandbox.write_file(f"{sandbox.scratch}/candidate.patch", patch)
     result = sandbox.run(
-        f"cd {shlex.quote(task.workdir)} && (git apply --whitespace=nowarn {SCRATCH}/candidate.patch || "
-        f"patch --batch --fuzz=5 -p1 -i {SCRATCH}/candidate.patch)", timeout=60)
+        f"cd {shlex.quote(task.workdir)} && (git apply --whitespace=nowarn {sandbox.scratch}/candidate.patch || "
+        f"patch --batch --fuzz=5 -p1 -i {sandbox.scratch}/candidate.patch)", timeout=60)
     return result.exit_code == 0
 
 
@@ -132,14 +136,14 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
         return Grade(False, "patch", "patch_does_not_apply", dropped_files=dropped,
                      duration=time.monotonic() - start)
     if task.test_patch:
-        sandbox.write_file(f"{SCRATCH}/test.patch", task.test_patch)
-    script = eval_script(task, sandbox.base_commit or "HEAD")
-    sandbox.write_file(f"{SCRATCH}/eval.sh", script)
-    result = sandbox.run(f"bash {SCRATCH}/eval.sh > {SCRATCH}/eval.log 2>&1", timeout=test_timeout)
+        sandbox.write_file(f"{sandbox.scratch}/test.patch", task.test_patch)
+    script = eval_script(task, sandbox.base_commit or "HEAD", sandbox.scratch)
+    sandbox.write_file(f"{sandbox.scratch}/eval.sh", script)
+    result = sandbox.run(f"bash {sandbox.scratch}/eval.sh > {sandbox.scratch}/eval.log 2>&1", timeout=test_timeout)
     if result.shell_restarted:
         return Grade(False, "infra", "sandbox_error: the shell was lost while the tests ran",
                      dropped_files=dropped, duration=time.monotonic() - start)
-    log = sandbox.read_file(f"{SCRATCH}/eval.log").decode("utf-8", errors="replace")
+    log = sandbox.read_file(f"{sandbox.scratch}/eval.log").decode("utf-8", errors="replace")
     if APPLY_PATCH_FAIL in log:
         return Grade(False, "infra", "task_error: the task's test_patch does not apply", log=log,
                      dropped_files=dropped, duration=time.monotonic() - start)
@@ -167,11 +171,12 @@ def _graded(task: Task, script: str, patch: str, log: str, dropped: tuple[str, .
                  report=json.dumps(status), log=log, dropped_files=dropped, duration=duration)
 
 
-def grade(task: Task, patch: str, config: DockerSandboxConfig | None = None, test_timeout: float = 300) -> Grade:
+def grade(task: Task, patch: str, config: DockerSandboxConfig | None = None, test_timeout: float = 300,
+          sandboxes: SandboxFactory = task_sandbox) -> Grade:
     """Grade `patch` in a fresh sandbox; a sandbox or engine fault is an infra grade, never a failure."""
     start = time.monotonic()
     try:
-        with task_sandbox(task, config) as sandbox:
+        with sandboxes(task, config) as sandbox:
             return grade_in(sandbox, task, patch, test_timeout)
     except (SandboxError, OSError, docker.errors.DockerException) as exc:
         return Grade(False, "infra", f"sandbox_error: {exc}", duration=time.monotonic() - start)

@@ -26,6 +26,8 @@ class Sandbox(Protocol):
     """A work tree plus a shell session; `pipeline/` only ever talks to this."""
 
     workdir: str
+    scratch: str
+    """A folder for the harness's own files (patches, scripts, logs), outside the work tree."""
     base_commit: str | None
     """Commit `diff` and `reset` compare against (None: HEAD when the sandbox started)."""
 

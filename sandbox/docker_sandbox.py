@@ -24,6 +24,8 @@ from sandbox.worktree import diff_command, head_command, reset_command
 
 log = logging.getLogger(__name__)
 
+SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts, logs)
+
 
 @dataclass(frozen=True)
 class DockerSandboxConfig:
@@ -49,6 +51,7 @@ class DockerSandbox:
     def __init__(self, image: str, workdir: str = "/testbed", config: DockerSandboxConfig | None = None,
                  base_commit: str | None = None, client: docker.DockerClient | None = None):
         self.image, self.workdir = image, workdir
+        self.scratch = SCRATCH
         self.config = config or DockerSandboxConfig()
         self.client = client or docker_client()
         self.container = None

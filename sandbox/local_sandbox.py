@@ -31,6 +31,7 @@ class LocalSandbox:
         else:
             os.makedirs(self.workdir)
         self._state = os.path.join(self._root, "shell")
+        self.scratch = os.path.join(self._root, "scratch")
         self.timeout, self.output_cap = timeout, output_cap
         self._proc: subprocess.Popen | None = None
         self._start_shell()

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Iterator, Mapping
 
 from pipeline.records import Task
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandbox, DockerSandboxConfig
+from sandbox.local_sandbox import LocalSandbox
 
-SCRATCH = "/tmp/.handhold"
+SandboxFactory = Callable[[Task, "DockerSandboxConfig | None"], ContextManager[Sandbox]]
+"""Makes a ready sandbox for a task (its bug applied, at its base commit): `with sandboxes(task, config) as sb`."""
+
 # Fixed identity and dates make the single commit's hash the same in every sandbox,
 # so a task's base_commit is known before any sandbox starts.
 GIT_ENV = ("GIT_AUTHOR_NAME=developer GIT_AUTHOR_EMAIL=developer@localhost "
@@ -24,9 +28,10 @@ def prepare(sandbox: Sandbox, task: Task) -> str:
     if not task.setup_patch:
         sandbox.base_commit = task.base_commit or sandbox.base_commit
         return sandbox.base_commit or ""
-    sandbox.write_file(f"{SCRATCH}/setup.patch", task.setup_patch)
+    scratch = sandbox.scratch
+    sandbox.write_file(f"{scratch}/setup.patch", task.setup_patch)
     script = (
-        f"cd {shlex.quote(task.workdir)} && git apply --whitespace=nowarn {SCRATCH}/setup.patch && rm -f {SCRATCH}/setup.patch"
+        f"cd {shlex.quote(sandbox.workdir)} && git apply --whitespace=nowarn {scratch}/setup.patch && rm -f {scratch}/setup.patch"
         f" && rm -rf .git && git init -q && printf '{IGNORED}' >> .git/info/exclude"
         f" && git add -A && env {GIT_ENV} git commit -q -m 'Initial commit' && git rev-parse HEAD"
     )
@@ -51,3 +56,24 @@ def task_sandbox(task: Task, config: DockerSandboxConfig | None = None) -> Itera
         prepare(sandbox, task)
         sandbox.run(f"cd {shlex.quote(task.workdir)}")
         yield sandbox
+
+
+@dataclass(frozen=True)
+class LocalTaskSandboxes:
+    """A SandboxFactory over host copies of the tasks' repositories: no Docker, and no isolation.
+
+    `repos` maps a task's `image` to a host folder holding the same pristine tree the image
+    has at its workdir; the tests run with whatever Python this host has on PATH.
+    """
+
+    repos: Mapping[str, str]
+
+    @contextlib.contextmanager
+    def __call__(self, task: Task, config: DockerSandboxConfig | None = None) -> Iterator[LocalSandbox]:
+        if task.image not in self.repos:
+            raise SandboxError(f"task {task.instance_id}: no local repository for image {task.image}; "
+                               f"add it to LocalTaskSandboxes.repos (known: {sorted(self.repos)})")
+        timeout = config.timeout if config else None
+        with LocalSandbox(self.repos[task.image], **({"timeout": timeout} if timeout else {})) as sandbox:
+            prepare(sandbox, task)
+            yield sandbox

@@ -9,18 +9,18 @@ import docker.errors
 
 from pipeline.grading import Grade, grade_in
 from pipeline.records import RejectedTask, Task
-from pipeline.tasks.environment import task_sandbox
+from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import SandboxError
 
 
-def check_task(task: Task, test_timeout: float = 300) -> Task | RejectedTask:
+def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory = task_sandbox) -> Task | RejectedTask:
     """The task with its base_commit filled in, or the reason it is set aside.
 
     Both grades run in one sandbox, reset to the base commit in between (a reset is
     exact and about 30 ms; a fresh container is about 700 ms).
     """
     try:
-        with task_sandbox(task) as sandbox:
+        with sandboxes(task, None) as sandbox:
             head = sandbox.base_commit or ""
             gold = grade_in(sandbox, task, task.patch, test_timeout)
             sandbox.reset()
@@ -40,8 +40,9 @@ def _failures(g: Grade) -> str:
     return g.report[:600] if g.report != "{}" else g.log[-600:]
 
 
-def check_tasks(tasks: list[Task], workers: int = 2) -> tuple[list[Task], list[RejectedTask]]:
+def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox
+                ) -> tuple[list[Task], list[RejectedTask]]:
     """Check tasks in parallel; keep order."""
     with ThreadPoolExecutor(max(workers, 1)) as pool:
-        results = list(pool.map(check_task, tasks))
+        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes), tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
