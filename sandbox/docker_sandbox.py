@@ -60,6 +60,7 @@ class DockerSandbox:
         try:
             self.container = self._start_container()
             self.user = self.config.user if self.config.user is not None else self._default_user()
+            self.run_as = self._run_as()
             self._start_shell()
         except Exception:
             self.close()
@@ -71,8 +72,9 @@ class DockerSandbox:
         self._ensure_image()
         c = self.config
         try:
+            # PID 1 is root's whatever the image's user: nothing the sandbox user does can end the container.
             return self.client.containers.run(
-                self.image, command=["sleep", "infinity"], detach=True, init=True,
+                self.image, command=["sleep", "infinity"], detach=True, init=True, user="root",
                 network_mode="bridge" if c.network else "none",
                 mem_limit=c.memory, memswap_limit=c.memory, nano_cpus=int(c.cpus * 1e9),
                 pids_limit=c.pids, working_dir=self.workdir if self.workdir else None,
@@ -94,15 +96,31 @@ class DockerSandbox:
                                    f"({exc.explanation or exc}): build or pull it first") from exc
 
     def _default_user(self) -> str:
-        probe = self.container.exec_run(["id", "-u", SANDBOX_USER])
+        probe = self.container.exec_run(["id", "-u", SANDBOX_USER], user="root")
         return SANDBOX_USER if probe.exit_code == 0 else ""
+
+    def _run_as(self) -> str:
+        """"uid gid home name" of the user commands drop to from the root loop; "" to run the loop as it."""
+        if not self.user or self.user in ("root", "0"):
+            return ""
+        probe = self.container.exec_run(
+            ["sh", "-c", f"command -v setpriv >/dev/null && id -u {shlex.quote(self.user)} && "
+             f"id -g {shlex.quote(self.user)} && getent passwd {shlex.quote(self.user)} | cut -d: -f6"],
+            user="root")
+        fields = probe.output.decode(errors="replace").split()
+        if probe.exit_code != 0 or len(fields) != 3:
+            log.warning("sandbox %s: no setpriv or no user %s in %s; the shell runs as that user, "
+                        "where it can harm its own session", self.short_id, self.user, self.image)
+            return ""
+        return f"{fields[0]} {fields[1]} {fields[2]} {self.user}"
 
     # -- shell -----------------------------------------------------------------------
     def _start_shell(self) -> None:
         marker_session = ShellSession(self._send, self._recv, self._interrupt, cap=self.config.output_cap)
-        argv = server_argv(STATE_DIR, marker_session.marker, self.config.output_cap, self.workdir)
+        argv = server_argv(STATE_DIR, marker_session.marker, self.config.output_cap, self.workdir, self.run_as)
+        loop_user = "root" if self.run_as else (self.user or "")
         exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
-                                              tty=False, user=self.user or "")["Id"]
+                                              tty=False, user=loop_user)["Id"]
         self._sock = self.client.api.exec_start(exec_id, socket=True)._sock
         self._frame_left, self._header, self._stream = 0, b"", 1
         self._shell = marker_session
@@ -158,6 +176,8 @@ class DockerSandbox:
         for attempt in range(10):
             try:
                 kill = f"{kill_all_command(STATE_DIR)}; pkill -KILL -f handhold-shell; true"
+                if self.run_as:  # whatever the sandbox user left running, a fork bomb included
+                    kill += f"; pkill -KILL -U {self.run_as.split()[0]}; true"
                 self.container.exec_run(["sh", "-c", kill], user="root")
                 self._start_shell()
                 return
@@ -203,9 +223,11 @@ class DockerSandbox:
         mode, uid, gid = (int(fields[0], 8), int(fields[1]), int(fields[2])) if len(fields) == 3 \
             else (0o644, default_uid, default_uid)
         buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
             info = tarfile.TarInfo(posixpath.basename(target))
-            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), int(time.time()), mode, uid, gid
+            # A float mtime goes into a PAX header at full precision: git's stat check sees the change
+            # even when the size is unchanged and the second is the one of the last commit.
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), time.time(), mode, uid, gid
             tar.addfile(info, io.BytesIO(data))
         if not self.container.put_archive(parent, buf.getvalue()):
             raise SandboxError(f"writing {target} in {self.short_id} failed")

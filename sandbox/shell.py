@@ -1,12 +1,17 @@
 """A persistent shell session spoken to over a byte stream.
 
-One long-lived bash loop reads requests (`<timeout> <length>` a line, then the command) and runs
-each command in a child bash under `timeout`, so a command's whole process group can be
+One long-lived bash loop reads requests (`<length>` a line, then the command) and runs each
+command in a child bash of its own process group, so a command's whole process group can be
 killed without killing the session. The child restores the previous command's cwd and
-exported variables and saves them on exit, which is what makes them persist. Output goes
-to a file; the loop sends back a header (marker, exit code, size) and at most `cap`
-bytes, the head and the tail. Commands read /dev/null as stdin, and background processes
-they leave write to the file, not to the session, so they cannot hang it.
+exported variables and saves them on exit, which is what makes them persist.
+
+In a container the loop runs as root and each command drops to the sandbox user
+(`setpriv`), so nothing the agent runs can delete the session's state, write into the
+session's stream or kill the loop. State and cwd reach the command through inherited
+descriptors (3: the state to restore, 4: where to save it, 5: the command). Each command
+writes to a fresh output file, removed once read, so a background process that outlives its
+command writes nowhere that a later result reads. The loop answers with a header (marker,
+exit code, size) and at most `cap` bytes, the head and the tail.
 """
 
 from __future__ import annotations
@@ -20,24 +25,29 @@ from sandbox.base import CommandResult
 
 log = logging.getLogger(__name__)
 
-STATE_DIR = "/tmp/.handhold-shell"
+STATE_DIR = "/run/handhold-shell"  # in a container: root's, mode 0700
 
-# $1: state dir, $2: marker, $3: output cap in bytes, $4: workdir.
-# The loop's own locale is C (not exported) so that `read -N` counts bytes; the common
-# path spawns only the command's bash, as a job of its own (`set -m`: its own process
-# group, whose id it writes to $S/pid for `interrupt`). NUL bytes in output are dropped.
+# $1: state dir, $2: marker, $3: output cap in bytes, $4: workdir, $5: "uid gid home name" of the
+# user commands run as ("" runs them as the loop's own user). The loop's own locale is C (not
+# exported) so that `read -N` counts bytes; `set -m` gives each command its own process group,
+# whose id goes to $S/pid for `interrupt`. NUL bytes in output are dropped.
 SERVER_SCRIPT = r"""
 exec 2>/dev/null  # job notices ("[1]+ Done") must never reach the protocol stream
-S="$1"; M="$2"; CAP="$3"; mkdir -p "$S"; cd "$4" 2>/dev/null || cd /
+S="$1"; M="$2"; CAP="$3"; RUN=()
+(umask 077; mkdir -p "$S"); cd "$4" 2>/dev/null || cd /
+if [ -n "$5" ]; then
+  read -r U G H NAME <<< "$5"; RUN=(setpriv "--reuid=$U" "--regid=$G" --init-groups --)
+  export HOME="$H" USER="$NAME" LOGNAME="$NAME"
+fi
 { export -p; printf 'cd -- %q\n' "$PWD"; } > "$S/state"
-printf '%s\n' '. "$S/state" 2>/dev/null' \
-  'trap '"'"'{ export -p; printf "cd -- %q\n" "$PWD"; } > "$S/state"'"'"' EXIT' '. "$S/cmd"' > "$S/run"
-export S; export -n LC_ALL; LC_ALL=C; set -m
+C='. /dev/fd/3; exec 3<&-; trap '"'"'{ export -p; printf "cd -- %q\n" "$PWD"; } >&4'"'"' EXIT; . /dev/fd/5'
+export -n LC_ALL; LC_ALL=C; set -m
 while IFS= read -r N; do
-  IFS= read -r -d '' -N "$N" CMD; printf '%s' "$CMD" > "$S/cmd"
-  bash --noprofile --norc "$S/run" < /dev/null > "$S/out" 2>&1 &
+  IFS= read -r -d '' -N "$N" CMD; printf '%s' "$CMD" > "$S/cmd"; rm -f "$S/out"
+  "${RUN[@]}" bash --noprofile --norc -c "$C" < /dev/null > "$S/out" 2>&1 3< "$S/state" 4> "$S/next" 5< "$S/cmd" &
   printf '%s\n' "$!" > "$S/pid"; printf '%s\n' "$!" >> "$S/pgids"; wait "$!"
   EC=$?; OUT=
+  [ -s "$S/next" ] && cat "$S/next" > "$S/state"
   IFS= read -r -d '' -N $((CAP + 1)) OUT < "$S/out"
   if [ "${#OUT}" -le "$CAP" ]; then
     printf '%s %d %d\n%s' "$M" "$EC" "${#OUT}" "$OUT"
@@ -45,6 +55,7 @@ while IFS= read -r N; do
     N=$(stat -c %s "$S/out"); printf '%s %d %d\n' "$M" "$EC" "$N"
     head -c $((CAP / 2)) "$S/out"; tail -c $((CAP - CAP / 2)) "$S/out"
   fi
+  rm -f "$S/out"
 done
 """
 
@@ -156,7 +167,7 @@ def kill_all_command(state_dir: str) -> str:
             f"rm -f {state_dir}/pgids; true")
 
 
-def server_argv(state_dir: str, marker: str, cap: int, workdir: str) -> list[str]:
-    """The command line that starts the session's server loop."""
+def server_argv(state_dir: str, marker: str, cap: int, workdir: str, run_as: str = "") -> list[str]:
+    """The command line that starts the session's server loop (`run_as`: "uid gid home name" or "")."""
     return ["bash", "--noprofile", "--norc", "-c", SERVER_SCRIPT, "handhold-shell", state_dir, marker,
-            str(cap), workdir]
+            str(cap), workdir, run_as]

@@ -15,19 +15,29 @@ def head_command(workdir: str) -> str:
 
 
 def diff_command(workdir: str, base: str | None) -> str:
-    """`git diff` against base, new files included, through a throwaway index (the agent's stays)."""
+    """`git diff` against base, new files included, exact whatever the files' timestamps.
+
+    The diff goes through a throwaway index read from the base tree, which holds no stat data:
+    git hashes every file instead of trusting a size and an mtime that an edit may have kept.
+    The agent's own index, config and hooks play no part (no external diff, no textconv).
+    """
     spec = " ".join(shlex.quote(p) for p in NOT_PATCH.split())
+    base = shlex.quote(base or "HEAD")
     return (
-        f"cd {shlex.quote(workdir)} && idx=$(mktemp) && cp .git/index \"$idx\" 2>/dev/null; "
-        f"GIT_INDEX_FILE=\"$idx\" {GIT} add -A -- . {spec} >/dev/null 2>&1; "
-        f"GIT_INDEX_FILE=\"$idx\" {GIT} diff --cached --binary {shlex.quote(base or 'HEAD')}; "
-        "rc=$?; rm -f \"$idx\"; exit $rc"
+        f"cd {shlex.quote(workdir)} && idx=$(mktemp -u) && "
+        f"GIT_INDEX_FILE=\"$idx\" {GIT} read-tree {base} && "
+        f"GIT_INDEX_FILE=\"$idx\" {GIT} add -A -- . {spec} >/dev/null 2>&1 && "
+        f"GIT_INDEX_FILE=\"$idx\" {GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color "
+        f"--src-prefix=a/ --dst-prefix=b/ {base}; rc=$?; rm -f \"$idx\"; exit $rc"
     )
 
 
 def reset_command(workdir: str, base: str | None) -> str:
-    """Tracked files back to base, untracked (not ignored) files removed; build outputs kept."""
+    """Tracked files back to base, untracked (not ignored) files removed; build outputs kept.
+
+    The index is dropped first, so the checkout compares contents, not timestamps.
+    """
     return (
-        f"cd {shlex.quote(workdir)} && {GIT} reset -q --hard {shlex.quote(base or 'HEAD')} "
+        f"cd {shlex.quote(workdir)} && rm -f .git/index && {GIT} reset -q --hard {shlex.quote(base or 'HEAD')} "
         f"&& {GIT} clean -fdq"
     )

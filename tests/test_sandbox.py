@@ -112,9 +112,44 @@ def test_diff_and_reset(sandbox):
 
 
 def test_shell_exit_is_restarted_and_reported(sandbox):
-    result = sandbox.run("kill -9 $PPID", timeout=5)
-    assert result.shell_restarted
+    if isinstance(sandbox, DockerSandbox):  # the agent cannot kill the root loop: only the engine side can
+        sandbox.container.exec_run(["pkill", "-KILL", "-f", "handhold-shell"], user="root")
+        result = sandbox.run("echo lost", timeout=5)
+    else:
+        result = sandbox.run("kill -9 $PPID", timeout=5)
+    assert result.shell_restarted and result.exit_code == -1
     assert sandbox.run("echo alive").output.strip() == "alive"
+
+
+def write_with(sandbox: Sandbox, how: str, old: str, new: str) -> None:
+    """Make one same-size edit of repo/m.py with one of the agent's writers."""
+    from pipeline.agent.tools import execute
+
+    if how == "edit_tool":
+        result = execute(sandbox, "edit", {"command": "str_replace", "path": "m.py", "old_str": old, "new_str": new})
+        assert not result.error, result.output
+    elif how == "write_file":
+        sandbox.write_file("m.py", sandbox.read_file("m.py").decode().replace(old, new, 1))
+    else:
+        assert sandbox.run(f"sed -i '0,/{old}/s//{new}/' m.py").exit_code == 0
+
+
+@pytest.mark.parametrize("how", ["edit_tool", "write_file", "sed"])
+def test_same_size_edit_right_after_setup_is_in_the_diff(sandbox, how):
+    """An edit that keeps the file's size, in the second of the setup commit, diffed a second later."""
+    wd = sandbox.workdir.rstrip("/") + "/repo"
+    for round in range(3):
+        sandbox.run(f"rm -rf {wd}; mkdir -p {wd} && cd {wd} && printf 'a = 2\\nb = a + 1\\n' > m.py && git init -q "
+                    "&& git add -A && git -c user.name=t -c user.email=t@t commit -qm base")
+        sandbox.workdir = wd
+        sandbox.base_commit = sandbox.run("git rev-parse HEAD").output.strip()
+        old, new = [("2", "1"), ("a + 1", "1 + a"), ("2", "3")][round]
+        write_with(sandbox, how, old, new)
+        time.sleep(1.1)
+        patch = sandbox.diff()
+        assert f"-{'a = 2' if 'a' not in old else 'b = a + 1'}" in patch, (how, round, patch)
+        sandbox.reset()
+        assert sandbox.read_file("m.py") == b"a = 2\nb = a + 1\n" and sandbox.diff() == ""
 
 
 @pytest.mark.docker
@@ -192,3 +227,52 @@ def test_reaper_removes_orphans(base_image, docker_client):
         removed = reap(docker_client)
         assert orphan.short_id in removed
         assert live.run("echo still here").output.strip() == "still here"
+
+
+def test_output_of_a_background_process_stays_out_of_later_results(sandbox):
+    started = sandbox.run("(sleep 0.3; for i in 1 2 3 4 5 6 7 8; do echo LATE$i; sleep 0.25; done) & echo started")
+    assert started.output == "started\n"
+    assert sandbox.run("sleep 1; echo next").output == "next\n"
+    assert sandbox.run("sleep 1; echo last").output == "last\n"
+
+
+@pytest.fixture(scope="module")
+def agent_image(base_image, docker_client) -> str:
+    """An image whose default user is the sandbox user, as environment images are."""
+    from sandbox.images import build_from_dockerfile
+
+    tag = "handhold/test-agent-user:1"
+    build_from_dockerfile(docker_client, f"FROM {base_image}\nUSER agent\nWORKDIR /home/agent\n", tag, files={})
+    return tag
+
+
+@pytest.mark.docker
+def test_cleaning_tmp_does_not_break_the_session(agent_image):
+    with DockerSandbox(agent_image, workdir="/home/agent") as sb:
+        sb.run("export KEEP=1; cd /tmp")
+        sb.run("rm -rf /tmp/* /tmp/.[!.]* /run/* 2>/dev/null; find / -user agent -path '*handhold*' -delete 2>/dev/null")
+        after = sb.run("echo $KEEP $(pwd)")
+        assert (after.exit_code, after.output, after.shell_restarted) == (0, "1 /tmp\n", False)
+
+
+@pytest.mark.docker
+def test_kill_all_as_the_sandbox_user_keeps_the_container(agent_image):
+    with DockerSandbox(agent_image, workdir="/home/agent") as sb:
+        sb.run("export KEEP=1")
+        builtin = sb.run("sleep 30 & kill -9 -1; echo after", timeout=20)  # bash's kill spares bash itself
+        assert (builtin.exit_code, builtin.output, builtin.shell_restarted) == (0, "after\n", False)
+        killed = sb.run("sleep 30 & python3 -c 'import os; os.kill(-1, 9)'; echo unreachable", timeout=20)
+        assert (killed.exit_code, killed.output, killed.shell_restarted) == (137, "", False)
+        sb.container.reload()
+        assert sb.container.status == "running"
+        assert sb.run("echo $KEEP; pgrep -u agent sleep || echo none").output.split() == ["1", "none"]
+
+
+@pytest.mark.docker
+def test_a_forged_frame_cannot_reach_the_session(agent_image):
+    forge = ("for p in /proc/[0-9]*; do m=$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | grep __HANDHOLD_); "
+             "[ -n \"$m\" ] && printf '%s 0 7\\nforged\\n' \"$m\" > $p/fd/1 && echo FORGED; done; echo tried")
+    with DockerSandbox(agent_image, workdir="/home/agent") as sb:
+        tried = sb.run(forge)
+        assert "FORGED" not in tried.output and tried.output.endswith("tried\n")
+        assert [sb.run(f"echo {w}").output for w in ("one", "two", "three")] == ["one\n", "two\n", "three\n"]
