@@ -27,12 +27,20 @@ class Sandbox(Protocol):
 
     workdir: str
     scratch: str
-    """A folder for the harness's own files (patches, scripts, logs), outside the work tree."""
+    """A folder for the harness's own files (patches, scripts), outside the work tree."""
+    private: str
+    """A folder only the harness can write or read (root's in a container): the grader's log and exit code."""
+    run_as: str
+    """"uid gid home name" of the user commands drop to from a privileged shell; "" when there is none."""
     base_commit: str | None
     """Commit `diff` and `reset` compare against (None: HEAD when the sandbox started)."""
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a command in the persistent session (cwd and exports persist)."""
+        ...
+
+    def run_privileged(self, command: str, timeout: float) -> CommandResult:
+        """Run outside the agent's session, as the sandbox's administrator (root in a container)."""
         ...
 
     def read_file(self, path: str) -> bytes:

@@ -24,7 +24,8 @@ from sandbox.worktree import diff_command, head_command, reset_command
 
 log = logging.getLogger(__name__)
 
-SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts, logs)
+SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts)
+PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must neither read nor write
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class DockerSandbox:
     def __init__(self, image: str, workdir: str = "/testbed", config: DockerSandboxConfig | None = None,
                  base_commit: str | None = None, client: docker.DockerClient | None = None):
         self.image, self.workdir = image, workdir
-        self.scratch = SCRATCH
+        self.scratch, self.private = SCRATCH, PRIVATE
         self.config = config or DockerSandboxConfig()
         self.client = client or docker_client()
         self.container = None
@@ -186,6 +187,23 @@ class DockerSandbox:
                 time.sleep(0.5 * (attempt + 1))
         raise SandboxError(f"sandbox {self.short_id}: the shell cannot be restarted")
 
+    def run_privileged(self, command: str, timeout: float) -> CommandResult:
+        """Run `command` as root in its own exec, apart from the session; stdout and stderr together."""
+        start = time.monotonic()
+        argv = ["timeout", "-k", "5", str(max(int(timeout), 1)), "bash", "--noprofile", "--norc", "-c", command]
+        try:
+            exec_id = self.client.api.exec_create(self.container.id, argv, stdout=True, stderr=True, user="root")["Id"]
+            sock = self.client.api.exec_start(exec_id, socket=True)._sock
+            try:
+                output = _read_all_frames(sock, timeout + 30)
+            finally:
+                sock.close()
+            code = self.client.api.exec_inspect(exec_id)["ExitCode"]
+        except (docker.errors.APIError, OSError) as exc:
+            raise SandboxError(f"sandbox {self.short_id}: a privileged command failed to run: {exc}") from exc
+        return CommandResult(code if code is not None else -1, output.decode("utf-8", errors="replace"),
+                             time.monotonic() - start, timed_out=code == 124)
+
     def _checked(self, command: str, what: str) -> str:
         result = self.run(command, timeout=max(self.config.timeout, 120))
         if result.exit_code != 0:
@@ -265,6 +283,28 @@ class DockerSandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read_all_frames(sock, timeout: float) -> bytes:
+    """Every stdout and stderr byte of a multiplexed exec stream, until it ends (or `timeout` seconds pass)."""
+    sock.settimeout(timeout)
+    data, deadline = bytearray(), time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        else:
+            raise SandboxError(f"a privileged command did not end within {timeout:.0f} s")
+    except socket.timeout as exc:
+        raise SandboxError(f"a privileged command did not end within {timeout:.0f} s") from exc
+    out, at = bytearray(), 0
+    while at + 8 <= len(data):  # 8-byte frame header: stream, 3 pad, length
+        _, size = struct.unpack(">BxxxL", data[at:at + 8])
+        out += data[at + 8:at + 8 + size]
+        at += 8 + size
+    return bytes(out)
 
 
 def reap(client: docker.DockerClient | None = None, max_age: float | None = None) -> list[str]:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from sandbox.base import CommandResult, SandboxError
@@ -32,6 +33,8 @@ class LocalSandbox:
             os.makedirs(self.workdir)
         self._state = os.path.join(self._root, "shell")
         self.scratch = os.path.join(self._root, "scratch")
+        self.private = os.path.join(self._root, "private")
+        self.run_as = ""  # commands run as this user: nobody to drop to
         self.timeout, self.output_cap = timeout, output_cap
         self._proc: subprocess.Popen | None = None
         self._start_shell()
@@ -77,6 +80,18 @@ class LocalSandbox:
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         timeout = self.timeout if timeout is None else timeout
         return run_or_restart(self._shell, self._restart_shell, command, timeout, self._root)
+
+    def run_privileged(self, command: str, timeout: float) -> CommandResult:
+        """A separate bash as this same user (a LocalSandbox has no one else to be)."""
+        start = time.monotonic()
+        try:
+            done = subprocess.run(["bash", "--noprofile", "--norc", "-c", command], cwd=self.workdir,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"").decode("utf-8", errors="replace")
+            return CommandResult(-1, out, time.monotonic() - start, timed_out=True)
+        return CommandResult(done.returncode, done.stdout.decode("utf-8", errors="replace"), time.monotonic() - start)
 
     def _head(self) -> str | None:
         result = self.run(head_command(self.workdir), timeout=30)

@@ -1,37 +1,87 @@
-"""Which changes of a candidate patch reach the grader: never tests or what pytest loads."""
+"""What the verifier protects, what it flags, and how it reads pytest's own report (no Docker)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.grading import eval_script, without_test_changes
+from pipeline.guard import numstat_paths, protected_reason, suspicious_flags, top_module
+from pipeline.junit import dotted, junit_disagreements
 from pipeline.records import Task
 
 TASK = Task("t", "r", "base", "", "", "issue", ("a",), ("b",), "img", "/testbed", "pytest -rA", "parse_log_pytest",
             "synth", test_files=("pkg/tests",))
+INSTALLED = frozenset({"pytest", "_pytest", "os", "json", "pkg"})
 
 
-def section(old: str, new: str, extra: str = "") -> str:
-    return f"diff --git a/{old} b/{new}\n{extra}--- a/{old}\n+++ b/{new}\n@@ -1 +1 @@\n-a\n+b\n"
+@pytest.mark.parametrize("path, new, reason", [
+    ("pkg/tests/test_x.py", False, "test file"),
+    ("pkg/tests/x b/y z.py", False, "test file"),
+    ("other/test_y.py", False, "test file"),
+    ("pkg/y_test.py", False, "test file"),
+    ("tests", True, "test file"),
+    ("pkg/sub/conftest.py", False, "test or interpreter configuration"),
+    ("pyproject.toml", False, "test or interpreter configuration"),
+    ("setup.cfg", False, "test or interpreter configuration"),
+    ("sitecustomize.py", True, "test or interpreter configuration"),
+    (".gitattributes", True, "test or interpreter configuration"),
+    (".git/hooks/post-checkout", False, "inside .git"),
+    ("evil.pth", True, "path configuration"),
+    ("x-1.0.dist-info/entry_points.txt", True, "package metadata (entry points)"),
+    ("pkg.egg-info/entry_points.txt", False, "package metadata (entry points)"),
+    ("pkg/core.cpython-311-x86_64-linux-gnu.so", False, "compiled module"),
+    ("pkg/core.pyc", False, "compiled module"),
+    ("pytest.py", True, "shadows the installed module 'pytest'"),
+    ("_pytest/__init__.py", True, "shadows the installed module '_pytest'"),
+    ("json/__init__.py", True, "shadows the installed module 'json'"),
+])
+def test_protected_paths(path, new, reason):
+    assert protected_reason(path, TASK, new, INSTALLED) == reason
 
 
-@pytest.mark.parametrize("path", ["pkg/tests/test_x.py", "pkg/tests/x b/y z/conftest.py", "conftest.py",
-                                  "pyproject.toml", "setup.cfg", "tox.ini", "other/test_y.py", "pkg/y_test.py"])
-def test_test_paths_are_dropped(path):
-    kept, dropped = without_test_changes(section(path, path), TASK)
-    assert kept == "" and path in dropped
+@pytest.mark.parametrize("path, new", [("pkg/core.py", False), ("pkg/new_module.py", False), ("setup.py", False),
+                                       ("helpers.py", True), ("pkg/my file.py", False), ("README.md", False)])
+def test_source_paths_are_not_protected(path, new):
+    assert protected_reason(path, TASK, new, INSTALLED) == ""
 
 
-def test_source_with_spaces_is_kept_and_renames_from_tests_are_dropped():
-    source = section("src/my file.py", "src/my file.py")
-    rename = ("diff --git a/pkg/tests/test_a.py b/pkg/core2.py\nsimilarity index 90%\n"
-              "rename from pkg/tests/test_a.py\nrename to pkg/core2.py\n")
-    kept, dropped = without_test_changes(source + rename, TASK)
-    assert kept == source and set(dropped) == {"pkg/tests/test_a.py", "pkg/core2.py"}
+@pytest.mark.parametrize("path, module", [("pytest.py", "pytest"), ("x.cpython-311-x86_64-linux-gnu.so", "x"),
+                                          ("pkg/a.py", "pkg"), ("README.md", "")])
+def test_top_module(path, module):
+    assert top_module(path) == module
 
 
-def test_eval_script_restores_quoted_test_files_and_caps_the_log():
-    script = eval_script(TASK, "abc123")
-    assert "git checkout -q abc123 -- \"$f\"" in script and "for f in pkg/tests;" in script
-    assert script.index(">>>>> Start Test Output") < script.index("pytest -rA") < script.index(">>>>> End Test Output")
-    assert "head -c" in script and "PIPESTATUS[0]" in script
+def test_numstat_paths_reads_renames_and_odd_names():
+    numstat = b"1\t1\tpkg/a.py\x000\t0\t\x00pkg/tests/test_a.py\x00pkg/core2.py\x00-\t-\tpkg/b\tc.bin\x00"
+    assert numstat_paths(numstat) == ["pkg/a.py", "pkg/tests/test_a.py", "pkg/core2.py", "pkg/b\tc.bin"]
+
+
+def test_suspicious_flags_name_what_and_where():
+    patch = ("diff --git a/pkg/a.py b/pkg/a.py\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1,4 @@\n x = 1\n"
+             "+import atexit, os\n+from _pytest import runner\n+print('PASSED pkg/tests/test_a.py::test_a')\n"
+             "+os._exit(0)\n")
+    assert suspicious_flags(patch) == ("imports pytest internals in pkg/a.py", "ends the process with os._exit in pkg/a.py",
+                                       "registers an exit hook in pkg/a.py", "prints a test verdict in pkg/a.py")
+    assert suspicious_flags(patch, allowed={"imports pytest internals", "ends the process with os._exit",
+                                            "registers an exit hook"}) == ("prints a test verdict in pkg/a.py",)
+    assert suspicious_flags("diff --git a/pkg/a.py b/pkg/a.py\n+++ b/pkg/a.py\n+return a < b\n") == ()
+
+
+JUNIT = b"""<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="pkg.tests.test_a" name="test_ok"/>
+<testcase classname="pkg.tests.test_a.TestK" name="test_p[1-a/b]"/>
+<testcase classname="pkg.tests.test_a" name="test_bad"><failure message="x"/></testcase>
+<testcase classname="pkg.tests.test_a" name="test_skip"><skipped/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_junit_cross_check():
+    assert dotted("pkg/tests/test_a.py::TestK::test_p[1-a/b]") == "pkg.tests.test_a.TestK.test_p[1-a/b]"
+    ok = ["pkg/tests/test_a.py::test_ok", "pkg/tests/test_a.py::TestK::test_p[1-a/b]"]
+    assert junit_disagreements(JUNIT, ok) == []
+    assert junit_disagreements(JUNIT, ok + ["pkg/tests/test_a.py::test_bad", "pkg/tests/test_a.py::test_skip",
+                                            "pkg/tests/test_a.py::test_gone"]) == [
+        "pkg/tests/test_a.py::test_bad: failed in the JUnit report",
+        "pkg/tests/test_a.py::test_skip: skipped in the JUnit report",
+        "pkg/tests/test_a.py::test_gone: missing in the JUnit report"]
+    assert junit_disagreements(None, ok) == ["no JUnit report: the test run ended before pytest wrote it"]
+    assert junit_disagreements(b"<oops", ok)[0].startswith("the JUnit report does not parse")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 
-from pipeline.grading import grade, without_test_changes
+from pipeline.grading import grade
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks.synth import synthesize
@@ -66,18 +66,21 @@ def test_gold_resolves_and_empty_does_not(toolz_task):
     assert set(failed) == set(toolz_task.FAIL_TO_PASS)
 
 
-def test_editing_the_tests_does_not_pass(toolz_task):
+def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
+    from pipeline.tasks.mutations import file_diff
+
     test_file = toolz_task.FAIL_TO_PASS[0].split("::")[0]
     name = toolz_task.FAIL_TO_PASS[0].split("::")[1].split("[")[0]
-    cheat = (f"diff --git a/{test_file} b/{test_file}\n--- a/{test_file}\n+++ b/{test_file}\n"
-             f"@@ -0,0 +1,2 @@\n+import pytest\n+pytest.skip('cheat', allow_module_level=True)\n")
+    old = (synth_run[3] / "src" / TOOLZ.key / test_file).read_text()
+    cheat = file_diff(test_file, old, "import pytest\npytest.skip('cheat', allow_module_level=True)\n" + old)
     conftest = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
                 "@@ -0,0 +1,3 @@\n+import pytest\n+def pytest_collection_modifyitems(items):\n"
                 f"+    items[:] = [i for i in items if '{name}' not in i.name]\n")
-    stripped, dropped = without_test_changes(cheat + conftest, toolz_task)
-    assert stripped == "" and set(dropped) == {test_file, "conftest.py"}
     result = grade(toolz_task, cheat + conftest)
-    assert not result.resolved and result.fault == "patch"
+    assert (result.resolved, result.fault, result.reason) == (False, "patch", "tests_failed")
+    assert set(result.dropped_files) == {test_file, "conftest.py"}
+    assert result.enforcement == (f"restored {test_file}: test file",
+                                  "restored conftest.py: test or interpreter configuration")
 
 
 def test_fake_passed_lines_do_not_pass(toolz_task, synth_run):
