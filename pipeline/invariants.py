@@ -1,0 +1,110 @@
+"""Invariants a user assumes of every stored batch, checked on the data itself.
+
+- A trajectory with an empty patch has no passing final test run (else a correct fix was lost).
+- The whole reference trajectory of a task, replayed as is, resolves it (else k = K cannot work).
+- A stored reward equals the grade of the stored patch, re-graded now (for a sample).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+
+from pipeline.agent.tools import execute
+from pipeline.grading import Grade, grade, grade_in
+from pipeline.records import Task, Trajectory
+from pipeline.tasks.environment import SandboxFactory, task_sandbox
+
+EXIT_LINE = re.compile(r"^exit code: (-?\d+)")
+
+
+def final_test_run(traj: Trajectory, task: Task) -> tuple[str, int] | None:
+    """(command, exit code) of the last bash call that ran the task's failing tests; None if none did."""
+    files = {t.split("::")[0] for t in task.FAIL_TO_PASS}
+    calls = {}
+    last = None
+    for message in traj.messages:
+        for call in message.get("tool_calls") or []:
+            if call["function"]["name"] == "bash":
+                calls[call["id"]] = json.loads(call["function"]["arguments"] or "{}").get("command", "")
+        command = calls.get(message.get("tool_call_id") or "", "")
+        if message["role"] == "tool" and command and _runs_tests(command, task, files):
+            match = EXIT_LINE.match(message.get("content") or "")
+            if match:
+                last = (command, int(match.group(1)))
+    return last
+
+
+def _runs_tests(command: str, task: Task, files: set[str]) -> bool:
+    """A command that runs the task's test command, or pytest on a file holding a failing test."""
+    return task.test_cmd in command or ("pytest" in command and any(f in command for f in files))
+
+
+def lost_patches(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[str]:
+    """Rollout ids whose patch is empty although their final run of the failing tests passed."""
+    lost = []
+    for t in trajectories:
+        run = final_test_run(t, tasks[t.instance_id]) if t.instance_id in tasks and not t.patch.strip() else None
+        if run and run[1] == 0:
+            lost.append(t.rollout_id)
+    return lost
+
+
+def replay(task: Task, actions: list[dict], sandboxes: SandboxFactory = task_sandbox,
+           test_timeout: float = 300) -> Grade:
+    """Run reference actions as they are, no policy, then grade the tree they leave."""
+    with sandboxes(task, None) as sandbox:
+        for action in actions:
+            if action["name"] == "submit":
+                break
+            execute(sandbox, action["name"], dict(action["args"]), timeout=120)
+        patch = sandbox.diff()
+        sandbox.reset()
+        return grade_in(sandbox, task, patch, test_timeout)
+
+
+@dataclass
+class RegradeReport:
+    """Stored rewards compared with a fresh grade of the stored patches."""
+
+    checked: list[str] = field(default_factory=list)
+    mismatches: list[dict] = field(default_factory=list)
+    """{"rollout_id", "stored", "now", "reason"} for each reward that did not reproduce."""
+    infra: list[str] = field(default_factory=list)
+    """Rollout ids whose re-grade hit an infrastructure fault (no verdict)."""
+
+
+def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], sample: int = 4, seed: int = 0,
+                   sandboxes: SandboxFactory = task_sandbox) -> RegradeReport:
+    """Re-grade up to `sample` stored attempts, about half of them resolved ones, picked at random."""
+    graded = [t for t in trajectories if not t.infra_error and t.instance_id in tasks]
+    rng = random.Random(seed)
+    solved = [t for t in graded if t.resolved]
+    others = [t for t in graded if not t.resolved]
+    rng.shuffle(solved)
+    rng.shuffle(others)
+    half = (sample + 1) // 2
+    picked = (solved[:half] + others + solved[half:])[:sample]
+    report = RegradeReport()
+    for t in picked:
+        now = grade(tasks[t.instance_id], t.patch, sandboxes=sandboxes)
+        if now.fault == "infra":
+            report.infra.append(t.rollout_id)
+            continue
+        report.checked.append(t.rollout_id)
+        if now.reward != t.reward:
+            report.mismatches.append({"rollout_id": t.rollout_id, "stored": t.reward, "now": now.reward,
+                                      "reason": now.reason})
+    return report
+
+
+def batch_invariants(trajectories: list[Trajectory], tasks: dict[str, Task], sample: int = 4,
+                     sandboxes: SandboxFactory = task_sandbox) -> dict:
+    """The invariants of one stored batch, as asset metadata (counts and the offending ids)."""
+    lost = lost_patches(trajectories, tasks)
+    regrade = regrade_sample(trajectories, tasks, sample, sandboxes=sandboxes)
+    return {"lost_patches": len(lost), "lost_patch_ids": lost[:20],
+            "regraded": len(regrade.checked), "regrade_mismatches": len(regrade.mismatches),
+            "regrade_mismatch_rows": regrade.mismatches[:20], "regrade_infra": len(regrade.infra)}

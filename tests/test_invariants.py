@@ -1,0 +1,59 @@
+"""The batch invariants: lost patches found in the messages, the whole reference replayed, rewards re-graded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+from pipeline.guidance.expert import expert_actions
+from pipeline.invariants import final_test_run, lost_patches, regrade_sample, replay
+from pipeline.records import Task
+
+TASK = Task("t", "r", "base", "", "", "issue", ("pkg/tests/test_a.py::test_a",), ("pkg/tests/test_a.py::test_b",),
+            "img", "/testbed", "python -m pytest -rA pkg/tests", "parse_log_pytest", "synth")
+
+
+def bash(call_id: str, command: str, output: str) -> list[dict]:
+    call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": output}]
+
+
+def attempt(rollout_id: str, patch: str, *steps: list[dict]) -> SimpleNamespace:
+    messages = [{"role": "user", "content": "fix it"}] + [m for step in steps for m in step]
+    return SimpleNamespace(rollout_id=rollout_id, instance_id="t", patch=patch, messages=tuple(messages))
+
+
+def test_final_test_run_is_the_last_run_of_the_failing_tests():
+    traj = attempt("r", "", bash("1", "python -m pytest -rA pkg/tests", "exit code: 1\nFAILED"),
+                   bash("2", "ls", "exit code: 0\npkg"),
+                   bash("3", "cd /testbed && python -m pytest pkg/tests/test_a.py -q", "exit code: 0\n2 passed"),
+                   bash("4", "pytest other/test_z.py", "exit code: 1\nFAILED"))
+    assert final_test_run(traj, TASK) == ("cd /testbed && python -m pytest pkg/tests/test_a.py -q", 0)
+    assert final_test_run(attempt("r", "", bash("1", "ls", "exit code: 0\n")), TASK) is None
+
+
+def test_lost_patches_are_empty_patches_after_a_passing_run():
+    passed = bash("1", "python -m pytest -rA pkg/tests", "exit code: 0\n2 passed")
+    failed = bash("1", "python -m pytest -rA pkg/tests", "exit code: 1\n1 failed")
+    trajectories = [attempt("lost", "", passed), attempt("kept", "diff --git a/x b/x\n", passed),
+                    attempt("failed", "", failed), attempt("silent", "")]
+    assert lost_patches(trajectories, {"t": TASK}) == ["lost"]
+
+
+def test_the_whole_reference_resolves_and_stored_rewards_reproduce(toolz_task):
+    verdict = replay(toolz_task, expert_actions(toolz_task))
+    assert (verdict.resolved, verdict.reason) == (True, "resolved")
+    empty_edit = [a for a in expert_actions(toolz_task) if a["args"].get("command") != "str_replace"]
+    assert replay(toolz_task, empty_edit).reason == "tests_failed"
+
+    def stored(rid: str, patch: str, reward: float):
+        return SimpleNamespace(rollout_id=rid, instance_id=toolz_task.instance_id, patch=patch, reward=reward,
+                               resolved=reward == 1.0, infra_error="")
+
+    tasks = {toolz_task.instance_id: toolz_task}
+    report = regrade_sample([stored("gold", toolz_task.patch, 1.0), stored("wrong", "", 1.0)], tasks, sample=2)
+    assert report.checked == ["gold", "wrong"] and report.infra == []
+    assert report.mismatches == [{"rollout_id": "wrong", "stored": 1.0, "now": 0.0, "reason": "tests_failed"}]
+    assert dataclasses.is_dataclass(report)
