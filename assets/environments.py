@@ -7,7 +7,7 @@ import dagster as dg
 
 from assets.resources import HandholdSettings
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
-from pipeline.store import read_rows, write_rows
+from pipeline.store import read_records, write_rows
 from pipeline.tasks.packages import build_environment_image, fetch_source
 from pipeline.tasks.swebench_rows import load_tasks
 from pipeline.tasks.synth import synthesize
@@ -56,7 +56,8 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.M
     """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
     synthesized, report = synthesize(settings.synth_config(), settings.base_image, settings.path("cache"),
                                      docker_client())
-    dataset_rows = [Task.from_row(r) for r in read_rows(settings.path("sources", "dataset_tasks.parquet"))]
+    dataset_rows = [Task.from_row(r) for r in read_records(settings.path("sources", "dataset_tasks.parquet"),
+                                                           TASK_SCHEMA, produced_by="task_sources")]
     checked, dataset_rejects = check_tasks(dataset_rows, workers=settings.workers)
     all_tasks, rejects = synthesized + checked, report.rejects + dataset_rejects
     path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)

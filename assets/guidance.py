@@ -1,23 +1,23 @@
 """Assets that rescue failed tasks: guidance (teacher hints, minimal action prefixes) and guided rollouts."""
 
-import dataclasses
-
 import dagster as dg
 
 from assets.resources import HandholdSettings
 from assets.rollouts import load_tasks
-from pipeline.guidance.rescue import GUIDANCE_SCHEMA, GuidancePlan, SearchStats, action_plans, failed_groups, \
-    guided_guidance, guided_jobs, make_teacher, recovery, teacher_plans
-from pipeline.records import Trajectory
-from pipeline.rollouts import read_batch, run_batch
-from pipeline.store import read_rows, write_rows
+from pipeline.guidance.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
+    make_teacher, recovery, teacher_plans
+from pipeline.records import GUIDANCE_PLAN_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Trajectory
+from pipeline.rollouts import run_batch
+from pipeline.store import read_records, write_rows
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes")
 def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
     config, batch = settings.guidance_config(), settings.batch_name(context)
-    unguided = read_batch(settings.path("trajectories", "unguided", batch))
+    unguided = [Trajectory.from_row(r) for r in read_records(
+        settings.path("trajectories", "unguided", batch, "trajectories.parquet"), TRAJECTORY_SCHEMA,
+        produced_by="unguided_rollouts", batch=batch)]
     tasks = {t.instance_id: t for t in load_tasks(settings)}
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
     plans = teacher_plans(tasks, failed, make_teacher(config), config)
@@ -25,7 +25,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> d
         plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], settings.policy(),
                               settings.rollout_config(), config, settings.path("trajectories", "probes", batch), batch)
     path = write_rows(settings.path("guidance", batch, "guidance.parquet"),
-                      [dataclasses.asdict(p) for p in plans], GUIDANCE_SCHEMA)
+                      [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
     for p in plans:
         if not p.accepted:
             context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
@@ -40,7 +40,8 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> d
 def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
     batch = settings.batch_name(context)
-    plans = [GuidancePlan(**r) for r in read_rows(settings.path("guidance", batch, "guidance.parquet"))]
+    plans = [GuidancePlan.from_row(r) for r in read_records(settings.path("guidance", batch, "guidance.parquet"),
+                                                             GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch=batch)]
     tasks = {t.instance_id: t for t in load_tasks(settings)}
     policy, config = settings.policy(), settings.rollout_config()
     jobs = guided_jobs(tasks, guided_guidance(plans), policy, config, batch)

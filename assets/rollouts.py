@@ -5,15 +5,15 @@ from itertools import zip_longest
 import dagster as dg
 
 from assets.resources import HandholdSettings
-from pipeline.records import Task
+from pipeline.records import TASK_SCHEMA, Task
 from pipeline.rollouts import plan_jobs, run_batch
-from pipeline.store import read_rows
+from pipeline.store import read_records
 
 
 def load_tasks(settings: HandholdSettings) -> list[Task]:
     """The validated tasks, repositories interleaved, cut to the configured slice."""
     by_repo: dict[str, list[Task]] = {}
-    for row in read_rows(settings.path("tasks", "tasks.parquet")):
+    for row in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA, produced_by="tasks"):
         task = Task.from_row(row)
         by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]

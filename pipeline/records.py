@@ -1,18 +1,58 @@
 """Persisted records and their explicit Parquet schemas.
 
-Every record is a frozen dataclass with one pyarrow schema carrying `schema_version`
-in its metadata. Lists of strings stay lists; free-form structures are JSON strings,
-because Arrow widens heterogeneous dicts into null-filled structs.
+Every record is a frozen dataclass with one pyarrow schema, written out field by field, whose
+metadata names the record and its `schema_version` (what `pipeline.store.read_records` checks).
+Lists of strings stay lists; free-form structures are JSON strings, because Arrow widens
+heterogeneous dicts into null-filled structs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
+STR, INT, FLOAT, BOOL, STRS = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.list_(pa.string())
+
+
+def record_schema(fields: list[pa.Field], version: str, record: str) -> pa.Schema:
+    """A schema whose metadata names the record kind and its version."""
+    return pa.schema(fields, metadata={"schema_version": version, "record": record})
+
+
+def columns(*pairs: tuple[str, pa.DataType], nullable: tuple[str, ...] = ()) -> list[pa.Field]:
+    """Fields from (name, type) pairs; only the names in `nullable` may hold nulls."""
+    return [pa.field(name, kind, nullable=name in nullable) for name, kind in pairs]
+
+
+def schema_version(schema: pa.Schema) -> str:
+    return (schema.metadata or {}).get(b"schema_version", b"").decode()
+
+
+def schema_record(schema: pa.Schema) -> str:
+    """The record kind a schema (or a file's schema) says it holds; '' when it says none."""
+    return (schema.metadata or {}).get(b"record", b"").decode()
+
+
+def _flat(cls, row: dict[str, Any]):
+    """A record from a row whose list columns become tuples (no nested records)."""
+    return cls(**{f.name: tuple(row[f.name]) if isinstance(row[f.name], list) else row[f.name]
+                  for f in dataclasses.fields(cls)})
+
+
+def to_row(record: Any) -> dict[str, Any]:
+    """Any record as a row of its schema."""
+    return record.to_row() if hasattr(record, "to_row") else dataclasses.asdict(record)
+
+
+def from_row(cls: type, row: dict[str, Any]) -> Any:
+    """A record of type `cls` from a row of its schema."""
+    return cls.from_row(row) if hasattr(cls, "from_row") else _flat(cls, row)
+
 
 TASK_SCHEMA_VERSION = "1"
 
@@ -52,13 +92,11 @@ class Task:
     """JSON: dataset name and split, or package, version and mutation for synthesized tasks."""
 
     def to_row(self) -> dict[str, Any]:
-        row = dataclasses.asdict(self)
-        for name in ("FAIL_TO_PASS", "PASS_TO_PASS", "test_files"):
-            row[name] = list(row[name])
-        return row
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Task":
+        """A task from a stored row or a dataset row (absent optional columns take their defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in row.items() if k in names}
         for name in ("FAIL_TO_PASS", "PASS_TO_PASS", "test_files"):
@@ -66,19 +104,13 @@ class Task:
         return cls(**values)
 
 
-def record_schema(fields: list[pa.Field], version: str, record: str) -> pa.Schema:
-    return pa.schema(fields, metadata={"schema_version": version, "record": record})
-
-
-TASK_SCHEMA = record_schema(
-    [
-        pa.field(f.name, pa.list_(pa.string()) if f.name in ("FAIL_TO_PASS", "PASS_TO_PASS", "test_files")
-                 else pa.string(), nullable=False)
-        for f in dataclasses.fields(Task)
-    ],
-    TASK_SCHEMA_VERSION,
-    "Task",
-)
+TASK_SCHEMA = record_schema(columns(
+    ("instance_id", STR), ("repo", STR), ("base_commit", STR), ("patch", STR), ("test_patch", STR),
+    ("problem_statement", STR), ("FAIL_TO_PASS", STRS), ("PASS_TO_PASS", STRS), ("image", STR), ("workdir", STR),
+    ("test_cmd", STR), ("log_parser", STR), ("source", STR), ("hints_text", STR), ("version", STR),
+    ("environment_setup_commit", STR), ("created_at", STR), ("setup_patch", STR), ("test_files", STRS),
+    ("provenance", STR),
+), TASK_SCHEMA_VERSION, "Task")
 
 
 @dataclass(frozen=True)
@@ -91,46 +123,180 @@ class RejectedTask:
     reason: str
 
 
-REJECT_SCHEMA = record_schema(
-    [pa.field(n, pa.string(), nullable=False) for n in ("item", "stage", "reason")], "1", "RejectedTask"
-)
+REJECT_SCHEMA = record_schema(columns(("item", STR), ("stage", STR), ("reason", STR)), "1", "RejectedTask")
 
 
-def schema_version(schema: pa.Schema) -> str:
-    return (schema.metadata or {}).get(b"schema_version", b"").decode()
+@dataclass(frozen=True)
+class Message:
+    """A chat message as stored: OpenAI's fields, every one present, tool calls as a JSON string."""
+
+    role: str
+    content: str | None
+    tool_calls: str | None
+    """JSON list of OpenAI tool calls, or None."""
+    tool_call_id: str | None
+
+    @classmethod
+    def from_openai(cls, message: dict) -> "Message":
+        calls = message.get("tool_calls")
+        return cls(message["role"], message.get("content"), json.dumps(calls) if calls else None,
+                   message.get("tool_call_id"))
+
+    def to_openai(self) -> dict:
+        """The OpenAI chat message: absent keys stay absent."""
+        message: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = json.loads(self.tool_calls)
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
+MESSAGE_FIELDS = columns(("role", STR), ("content", STR), ("tool_calls", STR), ("tool_call_id", STR),
+                         nullable=("content", "tool_calls", "tool_call_id"))
+MESSAGE_TYPE = pa.struct(MESSAGE_FIELDS)
+MESSAGE_SCHEMA = record_schema(MESSAGE_FIELDS, "1", "Message")
 
 
-TRAJECTORY_SCHEMA_VERSION = "1"
+@dataclass(frozen=True)
+class Action:
+    """One reference tool call in ActGuide's form {"name", "args"}, its arguments as a JSON object string."""
 
-MESSAGE_TYPE = pa.struct([
-    pa.field("role", pa.string()), pa.field("content", pa.string()),
-    pa.field("tool_calls", pa.string()),  # JSON list in OpenAI form, or null
-    pa.field("tool_call_id", pa.string()),
-])
-STEP_TYPE = pa.struct([
-    pa.field("policy_latency", pa.float64()), pa.field("tool_time", pa.float64()),
-    pa.field("prompt_tokens", pa.int64()), pa.field("completion_tokens", pa.int64()),
-    pa.field("tool", pa.string()), pa.field("error", pa.bool_()),
-])
+    name: str
+    args: str
 
+    @classmethod
+    def of(cls, action: "Action | dict") -> "Action":
+        """An Action from itself or from {"name", "args": {...}}."""
+        if isinstance(action, Action):
+            return action
+        return cls(action["name"], json.dumps(action["args"], ensure_ascii=False))
 
-def message_row(message: dict) -> dict:
-    """A chat message in the stored form: tool calls as a JSON string, every field present."""
-    calls = message.get("tool_calls")
-    return {"role": message["role"], "content": message.get("content"),
-            "tool_calls": json.dumps(calls) if calls else None, "tool_call_id": message.get("tool_call_id")}
+    def as_dict(self) -> dict:
+        return {"name": self.name, "args": json.loads(self.args)}
 
 
-def message_from_row(row: dict) -> dict:
-    """The OpenAI chat message back from its stored form."""
-    message = {"role": row["role"], "content": row["content"]}
-    if row.get("tool_calls"):
-        message["tool_calls"] = json.loads(row["tool_calls"])
-    if row.get("tool_call_id"):
-        message["tool_call_id"] = row["tool_call_id"]
-    return message
+ACTION_FIELDS = columns(("name", STR), ("args", STR))
+ACTION_TYPE = pa.struct(ACTION_FIELDS)
+ACTION_SCHEMA = record_schema(ACTION_FIELDS, "1", "Action")
+
+
+def actions_tuple(actions) -> tuple[Action, ...]:
+    """Actions as records, from records or {"name", "args"} dicts."""
+    return tuple(Action.of(a) for a in actions)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One model call and the tool call it made, as stored (the agent loop's Step, field for field)."""
+
+    policy_latency: float  # seconds
+    tool_time: float  # seconds
+    prompt_tokens: int
+    completion_tokens: int
+    tool: str
+    """The tool called ('' when the reply held no usable call)."""
+    error: bool
+    """The call was malformed, or the tool reported an error."""
+
+    @classmethod
+    def of(cls, step: Any) -> "Step":
+        """A stored step from any object with the same attributes (the agent loop's Step)."""
+        return cls(**{f.name: getattr(step, f.name) for f in dataclasses.fields(cls)})
+
+
+STEP_FIELDS = columns(("policy_latency", FLOAT), ("tool_time", FLOAT), ("prompt_tokens", INT),
+                      ("completion_tokens", INT), ("tool", STR), ("error", BOOL))
+STEP_TYPE = pa.struct(STEP_FIELDS)
+STEP_SCHEMA = record_schema(STEP_FIELDS, "1", "Step")
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """What an attempt is shown beyond the task: nothing, a teacher's hint, or an action prefix."""
+
+    kind: str = "none"
+    """'none', 'plan', 'environment_feedback', 'environment_interaction' or 'action'."""
+    text: str = ""
+    """Exactly what is added to the task prompt."""
+    actions: tuple[Action, ...] = ()
+    """Reference actions (action guidance); dicts {"name", "args"} given here become Actions."""
+    k: int = -1
+    """Prefix length shown (action guidance); -1 otherwise."""
+    teacher: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "actions", actions_tuple(self.actions))
+
+    @property
+    def key(self) -> str:
+        return "none" if self.kind == "none" else \
+            f"{self.kind}:{hashlib.sha256((self.text + str(self.k)).encode()).hexdigest()[:12]}"
+
+    def to_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Guidance":
+        return cls(row["kind"], row["text"], tuple(Action(**a) for a in row["actions"]), row["k"], row["teacher"])
+
+
+GUIDANCE_SCHEMA = record_schema(columns(
+    ("kind", STR), ("text", STR), ("actions", pa.list_(ACTION_TYPE)), ("k", INT), ("teacher", STR),
+), "1", "Guidance")
+"""Schema of the Guidance record. guidance.parquet holds GuidancePlan rows: GUIDANCE_PLAN_SCHEMA."""
+
+
+@dataclass(frozen=True)
+class GuidancePlan:
+    """Guidance decided for one failed task and one kind (stored as guidance.parquet)."""
+
+    instance_id: str
+    kind: str
+    text: str
+    """Exactly what the guided prompt gets."""
+    teacher: str
+    files: tuple[str, ...] = ()
+    """Files the guidance names."""
+    functions: tuple[str, ...] = ()
+    leaked: bool = False
+    """The text holds a line of the gold patch verbatim."""
+    accepted: bool = True
+    reason: str = ""
+    """Why the plan was set aside (a leak, a teacher or search error); '' when accepted."""
+    actions: tuple[Action, ...] = ()
+    """Reference actions (action guidance)."""
+    action_source: str = ""
+    """'trajectory', 'file' or 'expert' (action guidance)."""
+    K: int = -1
+    k_star: int = -1
+    found: bool = False
+    search_steps: int = 0
+    probes: int = 0
+    linear_k: int = -1
+    linear_probes: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "actions", actions_tuple(self.actions))
+
+    def to_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "GuidancePlan":
+        return _flat(cls, {**row, "actions": [Action(**a) for a in row["actions"]]})
+
+
+GUIDANCE_PLAN_SCHEMA = record_schema(columns(
+    ("instance_id", STR), ("kind", STR), ("text", STR), ("teacher", STR), ("files", STRS), ("functions", STRS),
+    ("leaked", BOOL), ("accepted", BOOL), ("reason", STR), ("actions", pa.list_(ACTION_TYPE)),
+    ("action_source", STR), ("K", INT), ("k_star", INT), ("found", BOOL), ("search_steps", INT), ("probes", INT),
+    ("linear_k", INT), ("linear_probes", INT),
+), "2", "GuidancePlan")
+
+
+TRAJECTORY_SCHEMA_VERSION = "2"
+MESSAGE_COLUMNS = ("prompt", "unguided_prompt", "messages")
 
 
 @dataclass(frozen=True)
@@ -138,7 +304,7 @@ class Trajectory:
     """One graded attempt at a task, as stored (see TRAJECTORY_SCHEMA)."""
 
     rollout_id: str
-    """Deterministic: sha256 of (instance_id, policy, guidance key, sample_index, seed)."""
+    """Names one stored attempt: sha256 of (batch, instance_id, policy, guidance key, sample_index, seed)."""
     group_id: str
     """Attempts of one task under one guidance in one batch share it (GRPO's group)."""
     batch: str
@@ -152,19 +318,19 @@ class Trajectory:
     guidance_kind: str
     """'none', 'plan', 'environment_feedback', 'environment_interaction', or 'action'."""
     guidance_text: str
-    guidance_actions: str
-    """JSON list of {"name", "args"} (action guidance), '[]' otherwise."""
+    guidance_actions: tuple[Action, ...]
+    """Reference actions (action guidance); empty otherwise."""
     guidance_k: int
     """Prefix length shown (action guidance); -1 without action guidance."""
     teacher: str
     prompt: tuple[dict, ...]
-    """The messages the policy saw first (guidance included)."""
+    """The messages the policy saw first (guidance included), OpenAI chat dicts; stored as Message rows."""
     unguided_prompt: tuple[dict, ...]
     messages: tuple[dict, ...]
     tools: str
     """JSON list of the tool schemas the policy was given."""
-    steps: tuple[dict, ...]
-    logprobs: tuple[tuple[float, ...], ...] | None
+    steps: tuple[Step, ...]
+    logprobs: tuple[tuple[float, ...] | None, ...] | None
     patch: str
     reward: float
     resolved: bool
@@ -173,9 +339,19 @@ class Trajectory:
     """JSON: the grader's FAIL_TO_PASS / PASS_TO_PASS report."""
     test_log: str
     """Tail of the grading test log."""
+    dropped_files: tuple[str, ...]
+    """Files whose changes the grader discarded because the tests read them."""
+    enforcement: tuple[str, ...]
+    """Every action the grader took on the patched tree ('restored <path>', 'removed <path>: <why>')."""
+    suspicious: tuple[str, ...]
+    """The grader's static flags on what the patch adds; evidence of tampering."""
     exit_status: str
+    """The agent loop's exit status, or 'crashed' when the harness raised during the attempt."""
     infra_error: str
-    """Empty unless a sandbox, grader or model-server fault remained after retries."""
+    """Empty unless a sandbox, grader or model-server fault remained after retries, or the attempt
+    crashed ('crashed: <ExcType>: <message>'); such rows are rerun and never used as failures."""
+    error: str
+    """The full traceback of a crash; else the attempt's own error (e.g. the policy error); '' when none."""
     infra_retries: int
     format_errors: int
     total_tokens: int
@@ -187,38 +363,33 @@ class Trajectory:
 
     def to_row(self) -> dict[str, Any]:
         row = dataclasses.asdict(self)
-        for name in ("prompt", "unguided_prompt", "messages"):
-            row[name] = [message_row(m) for m in getattr(self, name)]
-        row["logprobs"] = [list(lp) if lp is not None else None for lp in self.logprobs] \
-            if self.logprobs is not None else None
+        for name in MESSAGE_COLUMNS:
+            row[name] = [dataclasses.asdict(Message.from_openai(m)) for m in getattr(self, name)]
         return row
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Trajectory":
-        values = dict(row)
-        for name in ("prompt", "unguided_prompt", "messages"):
-            values[name] = tuple(message_from_row(m) for m in row[name])
-        values["steps"] = tuple(row["steps"])
+        values = {f.name: row[f.name] for f in dataclasses.fields(cls)}
+        for name in MESSAGE_COLUMNS:
+            values[name] = [Message(**m).to_openai() for m in row[name]]
+        values["steps"] = [Step(**s) for s in row["steps"]]
+        values["guidance_actions"] = [Action(**a) for a in row["guidance_actions"]]
         if row["logprobs"] is not None:
             values["logprobs"] = tuple(tuple(lp) if lp is not None else None for lp in row["logprobs"])
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+        return _flat(cls, values)
 
 
-def _trajectory_type(name: str) -> pa.DataType:
-    special = {
-        "prompt": pa.list_(MESSAGE_TYPE), "unguided_prompt": pa.list_(MESSAGE_TYPE),
-        "messages": pa.list_(MESSAGE_TYPE), "steps": pa.list_(STEP_TYPE),
-        "logprobs": pa.list_(pa.list_(pa.float32())), "sample_index": pa.int64(), "seed": pa.int64(),
-        "guidance_k": pa.int64(), "reward": pa.float64(), "resolved": pa.bool_(), "infra_retries": pa.int64(),
-        "format_errors": pa.int64(), "total_tokens": pa.int64(), "wall_time": pa.float64(),
-        "grade_time": pa.float64(), "quotes_guidance": pa.bool_(),
-    }
-    return special.get(name, pa.string())
-
-
-TRAJECTORY_SCHEMA = record_schema(
-    [pa.field(f.name, _trajectory_type(f.name), nullable=f.name == "logprobs")
-     for f in dataclasses.fields(Trajectory)],
-    TRAJECTORY_SCHEMA_VERSION,
-    "Trajectory",
-)
+TRAJECTORY_SCHEMA = record_schema(columns(
+    ("rollout_id", STR), ("group_id", STR), ("batch", STR), ("instance_id", STR), ("sample_index", INT),
+    ("seed", INT), ("policy", STR), ("policy_settings", STR), ("guidance_kind", STR), ("guidance_text", STR),
+    ("guidance_actions", pa.list_(ACTION_TYPE)), ("guidance_k", INT), ("teacher", STR),
+    ("prompt", pa.list_(MESSAGE_TYPE)), ("unguided_prompt", pa.list_(MESSAGE_TYPE)),
+    ("messages", pa.list_(MESSAGE_TYPE)), ("tools", STR), ("steps", pa.list_(STEP_TYPE)),
+    ("logprobs", pa.list_(pa.list_(pa.float32()))),  # (assistant turns, tokens); null without log-probs
+    ("patch", STR), ("reward", FLOAT), ("resolved", BOOL), ("grade_reason", STR), ("report", STR),
+    ("test_log", STR), ("dropped_files", STRS), ("enforcement", STRS), ("suspicious", STRS),
+    ("exit_status", STR), ("infra_error", STR), ("error", STR), ("infra_retries", INT), ("format_errors", INT),
+    ("total_tokens", INT), ("wall_time", FLOAT), ("grade_time", FLOAT), ("quotes_guidance", BOOL),
+    ("created_at", STR),
+    nullable=("logprobs",),
+), TRAJECTORY_SCHEMA_VERSION, "Trajectory")

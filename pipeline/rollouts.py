@@ -7,6 +7,7 @@ at the end, compacts the shards into one `trajectories.parquet` per batch partit
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -14,27 +15,33 @@ import logging
 import re
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import docker
 import docker.errors
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy
 from pipeline.grading import Grade, grade
-from pipeline.records import TRAJECTORY_SCHEMA, Task, Trajectory
-from pipeline.store import write_rows
-from pipeline.tasks.environment import task_sandbox
+# Guidance, read_batch and compact live in records and store; they stay importable from here.
+from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Step, Task, Trajectory
+from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
+from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import SandboxError
-from sandbox.docker_sandbox import DockerSandboxConfig
+from sandbox.docker_sandbox import DockerSandboxConfig, reap
 
 log = logging.getLogger(__name__)
 
 INFRA_EXITS = ("sandbox_error", "policy_error")  # faults of the sandbox or the model server, not the policy
+CRASHED = "crashed"  # exit status of an attempt the harness raised in (a policy, grader or harness bug)
 LOG_TAIL = 20_000  # characters of the grading log kept per trajectory
+REAP_TIMEOUT = 10  # seconds to wait for a Docker engine before running without reaping
+NO_GUIDANCE = Guidance()
 
 
 @dataclass(frozen=True)
@@ -60,29 +67,6 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class Guidance:
-    """What an attempt is shown beyond the task: nothing, a teacher's hint, or an action prefix."""
-
-    kind: str = "none"
-    """'none', 'plan', 'environment_feedback', 'environment_interaction' or 'action'."""
-    text: str = ""
-    """Exactly what is added to the task prompt."""
-    actions: tuple[dict, ...] = ()
-    """Reference actions [{"name", "args"}] (action guidance)."""
-    k: int = -1
-    """Prefix length shown (action guidance); -1 otherwise."""
-    teacher: str = ""
-
-    @property
-    def key(self) -> str:
-        return "none" if self.kind == "none" else \
-            f"{self.kind}:{hashlib.sha256((self.text + str(self.k)).encode()).hexdigest()[:12]}"
-
-
-NO_GUIDANCE = Guidance()
-
-
-@dataclass(frozen=True)
 class Job:
     task: Task
     sample_index: int
@@ -92,9 +76,9 @@ class Job:
     rollout_id: str
 
 
-def rollout_id(instance_id: str, policy: str, guidance_key: str, sample_index: int, seed: int) -> str:
-    """Deterministic id of one attempt."""
-    key = json.dumps([instance_id, policy, guidance_key, sample_index, seed])
+def rollout_id(batch: str, instance_id: str, policy: str, guidance_key: str, sample_index: int, seed: int) -> str:
+    """Deterministic id of one stored attempt: the same on a rerun of its batch, distinct across batches."""
+    key = json.dumps([batch, instance_id, policy, guidance_key, sample_index, seed])
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -107,7 +91,7 @@ def plan_jobs(tasks: list[Task], policy: Policy, config: RolloutConfig, batch: s
         group = hashlib.sha256(f"{batch}|{task.instance_id}|{g.key}".encode()).hexdigest()[:16]
         for i in range(attempts or config.attempts):
             seed = config.seed + i
-            jobs.append(Job(task, i, seed, g, group, rollout_id(task.instance_id, policy.name, g.key, i, seed)))
+            jobs.append(Job(task, i, seed, g, group, rollout_id(batch, task.instance_id, policy.name, g.key, i, seed)))
     return jobs
 
 
@@ -122,15 +106,17 @@ class BatchSummary:
 
     def metrics(self) -> dict:
         done = [t for t in self.trajectories if not t.infra_error]
+        crashed = sum(t.exit_status == CRASHED for t in self.trajectories)
         statuses: dict[str, int] = {}
         for t in self.trajectories:
             statuses[t.exit_status] = statuses.get(t.exit_status, 0) + 1
         wall = sum(t.wall_time + t.grade_time for t in self.trajectories) or 1.0
-        tool = sum(s["tool_time"] for t in self.trajectories for s in t.steps)
+        tool = sum(s.tool_time for t in self.trajectories for s in t.steps)
         return {
             "attempts": len(self.trajectories), "ran": self.ran, "resumed": self.skipped,
             "resolved": sum(t.resolved for t in done), "pass_rate": round(_rate(done), 4),
-            "infra_errors": len(self.trajectories) - len(done), "exit_status": statuses,
+            "infra_errors": len(self.trajectories) - len(done) - crashed, "crashed": crashed,
+            "exit_status": statuses,
             "attempts_per_minute": round(self.ran / self.seconds * 60, 2) if self.seconds else 0.0,
             "share_grading": round(sum(t.grade_time for t in self.trajectories) / wall, 3),
             "share_agent_tools": round(tool / wall, 3),
@@ -142,34 +128,68 @@ def _rate(trajectories: list[Trajectory]) -> float:
 
 
 def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: Path, batch: str,
-              progress: Callable[[str], None] = log.info) -> BatchSummary:
-    """Run the jobs not yet stored under `out_dir`; return every trajectory of the batch."""
+              progress: Callable[[str], None] = log.info, sandboxes: SandboxFactory = task_sandbox) -> BatchSummary:
+    """Run the jobs not yet stored under `out_dir` (in sandboxes `sandboxes` makes); return the whole batch."""
     start = time.monotonic()
+    reap_orphans(progress)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one writer per batch folder, across processes too
-        return _run_locked(jobs, policy, config, out_dir, batch, progress, start)
+        stored = _stored(out_dir, progress)
+        todo = [j for j in jobs if j.rollout_id not in stored]
+        counter = _Progress(len(jobs), len(jobs) - len(todo), progress)
 
+        def work(job: Job) -> Trajectory:
+            traj = _store(out_dir, run_job(job, policy, config, batch, sandboxes))
+            counter.done(traj)
+            return traj
 
-def _run_locked(jobs, policy, config, out_dir, batch, progress, start) -> BatchSummary:
-    # Attempts stored with an infrastructure error are run again: the fault may be gone.
-    stored = {t.rollout_id: t for t in read_batch(out_dir) if not t.infra_error}
-    todo = [j for j in jobs if j.rollout_id not in stored]
-    counter = _Progress(len(jobs), len(jobs) - len(todo), progress)
-
-    def work(job: Job) -> Trajectory:
-        traj = run_job(job, policy, config, batch)
-        write_rows(out_dir / "shards" / f"{job.rollout_id}.parquet", [traj.to_row()], TRAJECTORY_SCHEMA)
-        counter.done(traj)
-        return traj
-
-    with ThreadPoolExecutor(max(1, config.workers)) as pool:
-        for traj in pool.map(work, todo):
-            stored[traj.rollout_id] = traj
-    compact(out_dir)
+        with ThreadPoolExecutor(max(1, config.workers)) as pool:
+            for traj in pool.map(work, todo):
+                stored[traj.rollout_id] = traj
+        compact(out_dir)
     wanted = [stored[j.rollout_id] for j in jobs]
     return BatchSummary(wanted, len(todo), len(jobs) - len(todo), time.monotonic() - start)
+
+
+def reap_orphans(progress: Callable[[str], None] = log.info) -> list[str]:
+    """Remove sandbox containers whose process on this host is gone; nothing when no Docker engine answers."""
+    try:
+        client = docker.from_env(timeout=REAP_TIMEOUT)
+        removed = reap(client)
+        client.close()
+    except (docker.errors.DockerException, OSError) as exc:  # no engine, or another run removed one first
+        log.info("reaped no orphaned sandboxes: %s", exc)
+        return []
+    if removed:
+        progress(f"removed {len(removed)} sandbox containers left by dead processes: {', '.join(removed)}")
+    return removed
+
+
+def _stored(out_dir: Path, progress: Callable[[str], None]) -> dict[str, Trajectory]:
+    """Attempts stored under `out_dir` that count as done; infra faults and crashes run again (the fault
+    may be gone). Files of an older contract cannot be resumed: they are moved aside and the batch reruns."""
+    try:
+        return {t.rollout_id: t for t in read_batch(out_dir) if not t.infra_error}
+    except RecordContractError as exc:
+        progress(f"{exc}; moved its stored attempts to {set_aside(out_dir)} and running the whole batch")
+        return {}
+
+
+def _store(out_dir: Path, traj: Trajectory) -> Trajectory:
+    """Write one attempt's shard; an attempt whose record cannot be written is stored as a crash without it."""
+    path = out_dir / "shards" / f"{traj.rollout_id}.parquet"
+    try:
+        write_rows(path, [traj.to_row()], TRAJECTORY_SCHEMA)
+        return traj
+    except (pa.ArrowException, TypeError, ValueError) as exc:  # e.g. a malformed message from a server
+        log.exception("%s #%d: the attempt cannot be stored", traj.instance_id, traj.sample_index)
+        bare = dataclasses.replace(traj, prompt=(), unguided_prompt=(), messages=(), steps=(), logprobs=None,
+                                   tools="[]", reward=0.0, resolved=False, exit_status=CRASHED,
+                                   infra_error=crash_text(exc), error="".join(traceback.format_exception(exc)))
+        write_rows(path, [bare.to_row()], TRAJECTORY_SCHEMA)
+        return bare
 
 
 class _Progress:
@@ -189,23 +209,59 @@ class _Progress:
                       f"reward {traj.reward:.0f}{', INFRA ' + traj.infra_error[:80] if traj.infra_error else ''})")
 
 
-def run_job(job: Job, policy: Policy, config: RolloutConfig, batch: str) -> Trajectory:
-    """One attempt, then its grade, each retried on infrastructure faults; never raises for the
-    model's or the sandbox's sake. A grader fault re-grades the same patch, it does not re-run the agent."""
-    attempt, verdict, infra, retries = None, None, "", 0
-    for retries in range(max(config.infra_retries, 0) + 1):
-        attempt, infra = _attempt_once(job, policy, config)
-        if not infra:
-            break
-        _warn(job, retries, infra)
-    while attempt is not None and not infra:
-        verdict = grade(job.task, attempt.patch, config.sandbox, config.test_timeout)
-        infra = f"grader: {verdict.reason}" if verdict.fault == "infra" else ""
-        if not infra or retries >= config.infra_retries:
-            break
-        retries += 1
-        _warn(job, retries, infra)
-    return to_trajectory(job, policy, batch, attempt, verdict, infra, retries, config.quote_ngram)
+@dataclass
+class _Outcome:
+    """How far one job got: its attempt, its grade, the fault left and the retries spent."""
+
+    attempt: Attempt | None = None
+    verdict: Grade | None = None
+    infra: str = ""
+    retries: int = 0
+
+
+def run_job(job: Job, policy: Policy, config: RolloutConfig, batch: str,
+            sandboxes: SandboxFactory = task_sandbox) -> Trajectory:
+    """One attempt, then its grade, each retried on infrastructure faults; never raises for one attempt's sake.
+
+    A grader fault re-grades the same patch, it does not re-run the agent. Any other exception (a bug
+    of the policy, the grader or the harness) is deterministic: the attempt is stored 'crashed', not retried.
+    """
+    out = _Outcome()
+    try:
+        _run_agent(job, policy, config, sandboxes, out)
+        _grade(job, config, sandboxes, out)
+        return to_trajectory(job, policy, batch, out.attempt, out.verdict, out.infra, out.retries, config.quote_ngram)
+    except Exception as exc:  # the per-attempt boundary: one bad attempt must not fail the batch
+        log.exception("%s #%d crashed", job.task.instance_id, job.sample_index)
+        return to_trajectory(job, policy, batch, out.attempt, None, crash_text(exc), out.retries, config.quote_ngram,
+                             crash="".join(traceback.format_exception(exc)))
+
+
+def crash_text(exc: BaseException) -> str:
+    """The infra_error of a crashed attempt: 'crashed: <ExcType>: <message>'."""
+    return f"{CRASHED}: {type(exc).__name__}: {str(exc)[:2000]}"
+
+
+def _run_agent(job: Job, policy: Policy, config: RolloutConfig, sandboxes: SandboxFactory, out: _Outcome) -> None:
+    while True:
+        out.attempt = None  # a crash on a retry must not pass off the previous try's attempt as its own
+        out.attempt, out.infra = _attempt_once(job, policy, config, sandboxes)
+        if not out.infra or out.retries >= config.infra_retries:
+            return
+        _warn(job, out.retries, out.infra)
+        out.retries += 1
+
+
+def _grade(job: Job, config: RolloutConfig, sandboxes: SandboxFactory, out: _Outcome) -> None:
+    if out.attempt is None or out.infra:
+        return
+    while True:
+        out.verdict = grade(job.task, out.attempt.patch, config.sandbox, config.test_timeout, sandboxes=sandboxes)
+        out.infra = f"grader: {out.verdict.reason}" if out.verdict.fault == "infra" else ""
+        if not out.infra or out.retries >= config.infra_retries:
+            return
+        out.retries += 1
+        _warn(job, out.retries, out.infra)
 
 
 def _warn(job: Job, retry: int, infra: str) -> None:
@@ -213,9 +269,10 @@ def _warn(job: Job, retry: int, infra: str) -> None:
                 infra[:300])
 
 
-def _attempt_once(job: Job, policy: Policy, config: RolloutConfig) -> tuple[Attempt | None, str]:
+def _attempt_once(job: Job, policy: Policy, config: RolloutConfig,
+                  sandboxes: SandboxFactory) -> tuple[Attempt | None, str]:
     try:
-        with task_sandbox(job.task, config.sandbox) as sandbox:
+        with sandboxes(job.task, config.sandbox) as sandbox:
             attempt = run_attempt(job.task, policy, sandbox, config.agent, guidance_text=job.guidance.text,
                                   seed=job.seed)
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
@@ -226,26 +283,26 @@ def _attempt_once(job: Job, policy: Policy, config: RolloutConfig) -> tuple[Atte
 
 
 def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None, verdict: Grade | None,
-                  infra: str, retries: int, quote_ngram: int = 8) -> Trajectory:
-    g = job.guidance
+                  infra: str, retries: int, quote_ngram: int = 8, crash: str = "") -> Trajectory:
+    """The stored record of one attempt; `crash` (a traceback) marks it 'crashed'."""
+    g, a, v = job.guidance, attempt, verdict
+    status = CRASHED if crash else a.exit_status if a else "sandbox_error"
     return Trajectory(
         rollout_id=job.rollout_id, group_id=job.group_id, batch=batch, instance_id=job.task.instance_id,
         sample_index=job.sample_index, seed=job.seed, policy=policy.name,
         policy_settings=json.dumps(policy.settings(), sort_keys=True, default=str),
-        guidance_kind=g.kind, guidance_text=g.text, guidance_actions=json.dumps(list(g.actions)),
-        guidance_k=g.k, teacher=g.teacher,
-        prompt=attempt.prompt if attempt else (), unguided_prompt=attempt.unguided_prompt if attempt else (),
-        messages=attempt.messages if attempt else (), tools=json.dumps(list(attempt.tools) if attempt else []),
-        steps=tuple(vars(s) for s in attempt.steps) if attempt else (),
-        logprobs=_logprobs(attempt), patch=attempt.patch if attempt else "",
-        reward=verdict.reward if verdict and not infra else 0.0,
-        resolved=bool(verdict and verdict.resolved and not infra),
-        grade_reason=verdict.reason if verdict else "", report=verdict.report if verdict else "{}",
-        test_log=verdict.log[-LOG_TAIL:] if verdict else "", exit_status=attempt.exit_status if attempt else "sandbox_error",
-        infra_error=infra, infra_retries=retries, format_errors=attempt.format_errors if attempt else 0,
-        total_tokens=attempt.total_tokens if attempt else 0, wall_time=attempt.wall_time if attempt else 0.0,
-        grade_time=verdict.duration if verdict else 0.0,
-        quotes_guidance=bool(attempt and g.text and quotes_guidance(attempt.messages, g.text, quote_ngram)),
+        guidance_kind=g.kind, guidance_text=g.text, guidance_actions=g.actions, guidance_k=g.k, teacher=g.teacher,
+        prompt=a.prompt if a else (), unguided_prompt=a.unguided_prompt if a else (),
+        messages=a.messages if a else (), tools=json.dumps(list(a.tools) if a else []),
+        steps=tuple(Step.of(s) for s in a.steps) if a else (), logprobs=_logprobs(a), patch=a.patch if a else "",
+        reward=v.reward if v and not infra else 0.0, resolved=bool(v and v.resolved and not infra),
+        grade_reason=v.reason if v else "", report=v.report if v else "{}", test_log=v.log[-LOG_TAIL:] if v else "",
+        dropped_files=v.dropped_files if v else (), enforcement=v.enforcement if v else (),
+        suspicious=v.suspicious if v else (), exit_status=status, infra_error=infra,
+        error=crash or (a.error if a else ""), infra_retries=retries, format_errors=a.format_errors if a else 0,
+        total_tokens=a.total_tokens if a else 0, wall_time=a.wall_time if a else 0.0,
+        grade_time=v.duration if v else 0.0,
+        quotes_guidance=bool(a and g.text and quotes_guidance(a.messages, g.text, quote_ngram)),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
@@ -259,33 +316,10 @@ def _logprobs(attempt: Attempt | None):
 def quotes_guidance(messages: tuple[dict, ...], hint: str, n: int = 8) -> bool:
     """True when the assistant's own text shares a run of n words with the hint."""
     grams = _ngrams(hint, n)
-    said = " ".join(m.get("content") or "" for m in messages if m["role"] == "assistant")
+    said = " ".join(str(m.get("content") or "") for m in messages if m["role"] == "assistant")
     return bool(grams & _ngrams(said, n))
 
 
 def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     words = re.findall(r"\w+", text.lower())
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
-
-
-def read_batch(out_dir: Path) -> list[Trajectory]:
-    """Every trajectory stored under a batch folder: the compacted file and any shards."""
-    files = [out_dir / "trajectories.parquet"] + sorted((out_dir / "shards").glob("*.parquet"))
-    seen: dict[str, Trajectory] = {}
-    for path in files:  # shards are newer than the compacted file: they win
-        if path.exists():
-            for row in pq.read_table(path).to_pylist():
-                seen[row["rollout_id"]] = Trajectory.from_row(row)
-    return list(seen.values())
-
-
-def compact(out_dir: Path) -> Path:
-    """Fold the shards into trajectories.parquet (atomically), then remove them."""
-    shards = sorted((out_dir / "shards").glob("*.parquet"))
-    target = out_dir / "trajectories.parquet"
-    if shards or not target.exists():
-        rows = [t.to_row() for t in read_batch(out_dir)]
-        write_rows(target, rows, TRAJECTORY_SCHEMA)
-        for shard in shards:
-            shard.unlink(missing_ok=True)
-    return target

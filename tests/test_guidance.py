@@ -14,7 +14,7 @@ from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_p
 from pipeline.guidance.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
     recovery, teacher_plans
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.rollouts import RolloutConfig, plan_jobs, read_batch, run_batch
 from tests.loopback import AnthropicServer, OpenAIServer, Reply
 
 
@@ -45,7 +45,8 @@ def test_binary_search_without_success_gives_full_trajectory():
 def test_binary_search_respects_budget():
     calls: list = []
     result = min_guidance_prefix(1000, oracle(3, calls), probes_per_step=2, max_steps=4)
-    assert result.steps == 4 and len(calls) <= 8 and result.k_star >= 3
+    assert calls == [(500, 0), (250, 0), (125, 0), (62, 0)]  # each step's first probe succeeds
+    assert (result.steps, result.probes, result.k_star, result.found) == (4, 4, 62, True)
 
 
 def test_linear_search_counts_probes():
@@ -133,17 +134,24 @@ def test_guidance_recovers_failed_groups(synth_run, tmp_path):
                          tmp_path / "u", "u").trajectories
     failed = failed_groups(unguided, delta=0.0)
     assert failed, "every toolz task was solved unguided; nothing to rescue"
-    gconfig = GuidanceConfig(compare_linear=True)
+    gconfig = GuidanceConfig(compare_linear=False)  # the folder then holds the binary search's probes only
     plans = teacher_plans(tasks, failed, RuleTeacher(), gconfig)
     plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], policy, config, gconfig,
                           tmp_path / "probes", "g")
     action = [p for p in plans if p.kind == "action"]
-    assert all(0 <= p.k_star <= p.K and p.probes <= 2 * 5 for p in action)
-    assert list((tmp_path / "probes").glob("*/trajectories.parquet"))  # probes are stored trajectories
+    assert sorted(p.instance_id for p in action) == sorted(failed) and all(p.accepted for p in action)
+    for p in action:  # the plan is what its stored probes say
+        probes = read_batch(tmp_path / "probes" / p.instance_id)
+        won = {t.guidance_k for t in probes if t.reward > 0}
+        lost = {t.guidance_k for t in probes if t.reward == 0} - won
+        assert {t.batch for t in probes} == {"g-probes"} and p.probes == len(probes)
+        assert p.search_steps == len(won | lost) and p.found == bool(won)
+        assert p.k_star == (min(won) if won else p.K) and all(k < p.k_star for k in lost)
+        assert p.text == action_hint([a.as_dict() for a in p.actions], p.k_star)
     guided = run_batch(guided_jobs(tasks, guided_guidance(plans), policy, config, "g"), policy, config,
                        tmp_path / "g", "g").trajectories
     rates = recovery(plans, guided)
-    assert rates["action"]["recovered"] >= 1
+    assert rates["action"]["tasks"] == len(failed) and rates["action"]["recovered"] >= 1
     for t in guided:
         assert t.unguided_prompt != t.prompt and t.guidance_text in t.prompt[-1]["content"]
         assert t.instance_id in failed

@@ -7,21 +7,20 @@ intervention). Every probe of the prefix search is stored as a trajectory too.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import pyarrow as pa
-
 from pipeline.agent.policy import Policy
 from pipeline.guidance.actions import action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
     reference_actions
 from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, flag_leaks
-from pipeline.records import Task, Trajectory, record_schema
-from pipeline.rollouts import Guidance, Job, RolloutConfig, plan_jobs, rollout_id, run_batch
+# Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
+from pipeline.records import GUIDANCE_PLAN_SCHEMA, Guidance, GuidancePlan, Task, Trajectory
+from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
+from pipeline.tasks.environment import SandboxFactory, task_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -65,36 +64,8 @@ class GuidanceConfig:
             raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(ALL_KINDS)}")
 
 
-@dataclass(frozen=True)
-class GuidancePlan:
-    """Guidance decided for one failed task and one kind (stored as guidance.parquet)."""
-
-    instance_id: str
-    kind: str
-    text: str
-    """Exactly what the guided prompt gets."""
-    teacher: str
-    files: str = "[]"
-    functions: str = "[]"
-    leaked: bool = False
-    accepted: bool = True
-    reason: str = ""
-    actions: str = "[]"
-    """JSON reference actions (action guidance)."""
-    action_source: str = ""
-    K: int = -1
-    k_star: int = -1
-    found: bool = False
-    search_steps: int = 0
-    probes: int = 0
-    linear_k: int = -1
-    linear_probes: int = 0
-
-
-GUIDANCE_SCHEMA = record_schema(
-    [pa.field(n, {bool: pa.bool_(), int: pa.int64()}.get(t, pa.string()), nullable=False)
-     for n, t in [(f, type(v)) for f, v in GuidancePlan("", "", "", "").__dict__.items()]],
-    "1", "GuidancePlan")
+# guidance.parquet's schema under its old name; pipeline.records.GUIDANCE_SCHEMA is the Guidance record's.
+GUIDANCE_SCHEMA = GUIDANCE_PLAN_SCHEMA
 
 
 def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, list[Trajectory]]:
@@ -136,44 +107,74 @@ def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], t
         for g in items:
             if g.kind in config.kinds:
                 rejected = g.leaked and config.reject_leaks
-                plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, json.dumps(list(g.files)),
-                                          json.dumps(list(g.functions)), g.leaked, not rejected,
-                                          "guidance copies the gold patch" if rejected else ""))
+                plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, files=tuple(g.files),
+                                          functions=tuple(g.functions), leaked=g.leaked, accepted=not rejected,
+                                          reason="guidance copies the gold patch" if rejected else ""))
     return plans
 
 
 def action_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], successes: list[Trajectory],
                  policy: Policy, rollout: RolloutConfig, config: GuidanceConfig, probe_dir: Path,
-                 batch: str) -> list[GuidancePlan]:
-    """The minimal action prefix of each failed task, searched with stored probe attempts."""
+                 batch: str, sandboxes: SandboxFactory = task_sandbox) -> list[GuidancePlan]:
+    """The minimal action prefix of each failed task, searched with stored probe attempts.
+
+    A task whose search raises (its reference actions, a probe) gets a rejected plan naming the
+    error; the other tasks' searches go on.
+    """
     imported = load_action_file(config.action_file) if config.action_file else {}
 
     def search(iid: str) -> GuidancePlan:
-        actions, source = reference_actions(tasks[iid], successes, imported, config.action_source)
-        if not actions:
-            return GuidancePlan(iid, "action", "", "", accepted=False, reason="no reference actions")
-        probe = _prober(tasks[iid], actions, policy, rollout, probe_dir / iid, batch)
-        found = min_guidance_prefix(len(actions), probe, config.probes_per_step, config.max_search_steps)
-        linear = linear_prefix(len(actions), probe, config.probes_per_step) if config.compare_linear else None
-        return GuidancePlan(iid, "action", action_hint(actions, found.k_star), source, actions=json.dumps(actions),
-                            action_source=source, K=found.K, k_star=found.k_star, found=found.found,
-                            search_steps=found.steps, probes=found.probes,
-                            linear_k=linear.k_star if linear else -1, linear_probes=linear.probes if linear else 0)
+        try:
+            return _action_plan(tasks[iid], successes, imported, policy, rollout, config, probe_dir / iid, batch,
+                                sandboxes)
+        except Exception as exc:  # the per-task boundary: one task's search must not fail the others
+            log.exception("action search failed on %s", iid)
+            return GuidancePlan(iid, "action", "", "", accepted=False,
+                                reason=f"action search failed: {type(exc).__name__}: {exc}")
 
     with ThreadPoolExecutor(max(1, rollout.workers)) as pool:
         return list(pool.map(search, list(failed)))
 
 
-def _prober(task: Task, actions: list[dict], policy: Policy, rollout: RolloutConfig, out: Path, batch: str):
+def _action_plan(task: Task, successes: list[Trajectory], imported: dict[str, list[dict]], policy: Policy,
+                 rollout: RolloutConfig, config: GuidanceConfig, out: Path, batch: str,
+                 sandboxes: SandboxFactory) -> GuidancePlan:
+    iid = task.instance_id
+    actions, source = reference_actions(task, successes, imported, config.action_source)
+    if not actions:
+        return GuidancePlan(iid, "action", "", "", accepted=False, reason="no reference actions")
+    probe = _prober(task, actions, policy, rollout, out, batch, sandboxes)
+    found = min_guidance_prefix(len(actions), probe, config.probes_per_step, config.max_search_steps)
+    linear = linear_prefix(len(actions), probe, config.probes_per_step) if config.compare_linear else None
+    return GuidancePlan(iid, "action", action_hint(actions, found.k_star), source, actions=tuple(actions),
+                        action_source=source, K=found.K, k_star=found.k_star, found=found.found,
+                        search_steps=found.steps, probes=found.probes,
+                        linear_k=linear.k_star if linear else -1, linear_probes=linear.probes if linear else 0)
+
+
+def probe_batch(batch: str) -> str:
+    """The batch name probes of `batch` are stored (and their rollout_ids made) under."""
+    return f"{batch}-probes"
+
+
+def probe_job(task: Task, actions: list[dict], k: int, i: int, policy: Policy, rollout: RolloutConfig,
+              batch: str) -> Job:
+    """Probe i of the k-action hint: its own group and a rollout_id distinct from every guided attempt's."""
+    g = Guidance("action", action_hint(actions, k), tuple(actions), k, "reference")
+    seed = rollout.seed + 1000 + i
+    return Job(task, i, seed, g, f"{batch}|probe|{task.instance_id}|{k}",
+               rollout_id(probe_batch(batch), task.instance_id, policy.name, g.key, i, seed))
+
+
+def _prober(task: Task, actions: list[dict], policy: Policy, rollout: RolloutConfig, out: Path, batch: str,
+            sandboxes: SandboxFactory = task_sandbox):
     """probe(k, i): one attempt with a k-action hint, stored; identical (k, i) probes are run once."""
     single = dataclasses.replace(rollout, workers=1)
 
     def probe(k: int, i: int) -> bool:
-        g = Guidance("action", action_hint(actions, k), tuple(actions), k, "reference")
-        seed = rollout.seed + 1000 + i
-        job = Job(task, i, seed, g, f"{batch}|probe|{task.instance_id}|{k}",
-                  rollout_id(task.instance_id, policy.name, g.key, i, seed))
-        (traj,) = run_batch([job], policy, single, out, f"{batch}-probes", progress=log.debug).trajectories
+        job = probe_job(task, actions, k, i, policy, rollout, batch)
+        (traj,) = run_batch([job], policy, single, out, probe_batch(batch), progress=log.debug,
+                            sandboxes=sandboxes).trajectories
         log.info("probe %s k=%d #%d: reward %.0f", task.instance_id, k, i, traj.reward)
         return traj.reward > 0 and not traj.infra_error
 
@@ -186,8 +187,7 @@ def guided_guidance(plans: list[GuidancePlan]) -> dict[str, list[Guidance]]:
     for p in plans:
         if p.accepted and p.text:
             out.setdefault(p.instance_id, []).append(
-                Guidance(p.kind, p.text, tuple(json.loads(p.actions)), p.k_star if p.kind == "action" else -1,
-                         p.teacher))
+                Guidance(p.kind, p.text, p.actions, p.k_star if p.kind == "action" else -1, p.teacher))
     return out
 
 
