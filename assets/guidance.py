@@ -7,8 +7,9 @@ from assets.rollouts import load_tasks
 from pipeline.guidance.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
     make_teacher, recovery, teacher_plans
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Trajectory
+from pipeline.invariants import batch_invariants, reference_checks
 from pipeline.rollouts import run_batch
-from pipeline.store import read_records, write_rows
+from pipeline.store import read_batch, read_records, write_rows
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes")
@@ -29,7 +30,10 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> d
     for p in plans:
         if not p.accepted:
             context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
+    probe_dir = settings.path("trajectories", "probes", batch)
+    probes = [t for folder in sorted(probe_dir.glob("*/")) for t in read_batch(folder)]
     return dg.MaterializeResult(metadata={
+        **reference_checks(plans, probes, tasks),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
         "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics(),
@@ -51,5 +55,5 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
         "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
-        **{f"batch_{k}": v for k, v in summary.metrics().items()},
+        **{f"batch_{k}": v for k, v in summary.metrics().items()}, **batch_invariants(guided, tasks),
     })

@@ -6,6 +6,7 @@ import dagster as dg
 
 from assets.resources import HandholdSettings
 from pipeline.records import TASK_SCHEMA, Task
+from pipeline.invariants import batch_invariants
 from pipeline.rollouts import plan_jobs, run_batch
 from pipeline.store import read_records
 
@@ -32,4 +33,5 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "policy": policy.name, "tasks": len(tasks),
         "attempts_per_task": config.attempts, **metrics,
+        **batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks}),
     })

@@ -18,6 +18,7 @@ In a fresh sandbox from the task's image, as root and out of the sandbox user's 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shlex
 import tempfile
@@ -106,7 +107,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     """Grade `patch` in a prepared sandbox at the task's base (it is left modified)."""
     start = time.monotonic()
     private = f"{sandbox.private}/grade-{secrets.token_hex(6)}"
-    plugins, installed = _probe(sandbox, private)
+    plugins, installed = _probe(sandbox, task, private)
     kept = _apply(sandbox, task, patch, private, installed) if patch.strip() else ((), ())
     if kept is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
@@ -124,15 +125,22 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
                  duration=time.monotonic() - start, **common)
 
 
-def _probe(sandbox: Sandbox, private: str) -> tuple[list[str], frozenset[str]]:
+def _probe(sandbox: Sandbox, task: Task, private: str) -> tuple[list[str], frozenset[str]]:
     """The environment's pytest plugin modules and importable top-level names, before any patch."""
+    python = _interpreter(task.test_cmd)
     script = (f"install -d -m 0700 {private} && cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; "
-              f"python -c {shlex.quote(PROBE)} || python3 -c {shlex.quote(PROBE)}; }}")
+              f"{python} -c {shlex.quote(PROBE)} || python3 -c {shlex.quote(PROBE)}; }}")
     result = sandbox.run_privileged(script, timeout=120)
     lines = result.output.splitlines()
     if result.exit_code != 0 or len(lines) < 2:
         raise SandboxError(f"probing the environment failed (exit {result.exit_code}): {result.output[-1500:]}")
     return lines[-2].split(), frozenset(lines[-1].split())
+
+
+def _interpreter(test_cmd: str) -> str:
+    """The Python the test command runs (`/venv/bin/python -m pytest ...`), else the one on PATH."""
+    match = re.search(r"(?:^|[\s;&|(])(\S*/)?(python[\d.]*)\s+-m\s+pytest\b", test_cmd)
+    return shlex.quote((match.group(1) or "") + match.group(2)) if match else "python"
 
 
 def _apply(sandbox: Sandbox, task: Task, patch: str, private: str,

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 from pipeline.agent.tools import execute
 from pipeline.grading import Grade, grade, grade_in
-from pipeline.records import Task, Trajectory
+from pipeline.records import GuidancePlan, Task, Trajectory
 from pipeline.tasks.environment import SandboxFactory, task_sandbox
 
 EXIT_LINE = re.compile(r"^exit code: (-?\d+)")
+EDITS = ("create", "str_replace", "insert")
 
 
 def final_test_run(traj: Trajectory, task: Task) -> tuple[str, int] | None:
@@ -108,3 +109,42 @@ def batch_invariants(trajectories: list[Trajectory], tasks: dict[str, Task], sam
     return {"lost_patches": len(lost), "lost_patch_ids": lost[:20],
             "regraded": len(regrade.checked), "regrade_mismatches": len(regrade.mismatches),
             "regrade_mismatch_rows": regrade.mismatches[:20], "regrade_infra": len(regrade.infra)}
+
+
+def last_edit(actions) -> int:
+    """1-based position of the last file edit among reference actions (0 when none edits a file)."""
+    at = 0
+    for i, action in enumerate(actions, 1):
+        args = json.loads(action.args) if isinstance(action.args, str) else action.args
+        if action.name == "edit" and args.get("command") in EDITS:
+            at = i
+    return at
+
+
+def edit_prefix_failures(probes: list[Trajectory]) -> tuple[int, list[str]]:
+    """(probes shown a prefix holding the reference's last edit, '<instance> k=<k> #<i>' of those not resolved)."""
+    shown, failed = 0, []
+    for t in probes:
+        edit = last_edit(t.guidance_actions)
+        if t.infra_error or not edit or t.guidance_k < edit:
+            continue
+        shown += 1
+        if not t.resolved:
+            failed.append(f"{t.instance_id} k={t.guidance_k} #{t.sample_index}")
+    return shown, failed
+
+
+def reference_checks(plans: list[GuidancePlan], probes: list[Trajectory], tasks: dict[str, Task],
+                     sandboxes: SandboxFactory = task_sandbox) -> dict:
+    """Gold-derived references replayed whole, and the edit-holding probes, as asset metadata."""
+    replays, failures = 0, []
+    for plan in plans:
+        if plan.kind == "action" and plan.action_source == "expert" and plan.instance_id in tasks:
+            replays += 1
+            verdict = replay(tasks[plan.instance_id], [a.as_dict() for a in plan.actions], sandboxes)
+            if not verdict.resolved:
+                failures.append(f"{plan.instance_id}: {verdict.reason}")
+    shown, failed = edit_prefix_failures(probes)
+    return {"reference_replays": replays, "reference_replay_failures": len(failures),
+            "reference_replay_failure_rows": failures[:20], "edit_prefix_probes": shown,
+            "edit_prefix_failures": len(failed), "edit_prefix_failure_rows": failed[:20]}

@@ -57,3 +57,22 @@ def test_the_whole_reference_resolves_and_stored_rewards_reproduce(toolz_task):
     assert report.checked == ["gold", "wrong"] and report.infra == []
     assert report.mismatches == [{"rollout_id": "wrong", "stored": 1.0, "now": 0.0, "reason": "tests_failed"}]
     assert dataclasses.is_dataclass(report)
+
+
+def test_probes_holding_the_reference_edit_must_resolve():
+    from pipeline.invariants import edit_prefix_failures, last_edit
+    from pipeline.records import Action
+
+    actions = tuple(Action.of(a) for a in [
+        {"name": "bash", "args": {"command": "grep -rn x ."}},
+        {"name": "edit", "args": {"command": "view", "path": "a.py"}},
+        {"name": "edit", "args": {"command": "str_replace", "path": "a.py", "old_str": "a", "new_str": "b"}},
+        {"name": "bash", "args": {"command": "pytest"}}, {"name": "submit", "args": {}}])
+    assert last_edit(actions) == 3
+
+    def probe(k: int, resolved: bool, infra: str = "") -> SimpleNamespace:
+        return SimpleNamespace(instance_id="t", guidance_actions=actions, guidance_k=k, sample_index=0,
+                               resolved=resolved, infra_error=infra)
+
+    probes = [probe(2, False), probe(3, True), probe(4, False), probe(5, False, "sandbox: gone")]
+    assert edit_prefix_failures(probes) == (2, ["t k=4 #0"])
