@@ -11,7 +11,9 @@ In a fresh sandbox from the task's image, as root and out of the sandbox user's 
    root, and every process the tests left is killed before anything is read back;
 4. swebench grades a log built from that output, between markers the tests cannot forge, with
    the real exit code; the JUnit report must agree with every test counted as passing;
-5. static flags on what the patch adds (pytest internals, exit hooks, forged verdicts) are
+5. a plugin of the grader's (pipeline/pytest_guard.py) signs each test's real outcome, taken before any
+   report is made, with a key the code under test never sees; it too must agree;
+6. static flags on what the patch adds (pytest internals, exit hooks, forged verdicts) are
    recorded and, by default, void the reward.
 """
 
@@ -24,6 +26,7 @@ import shlex
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import docker.errors
@@ -32,9 +35,9 @@ from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec
 
 from pipeline.guard import flag_kinds, is_test_path, numstat_paths, protected_reason, suspicious_flags
-from pipeline.junit import junit_disagreements
+from pipeline.junit import guard_disagreements, junit_disagreements
 from pipeline.records import Task
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
+from pipeline.tasks.environment import SandboxFactory, pristine, task_sandbox
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 
@@ -42,9 +45,14 @@ __all__ = ["Grade", "grade", "grade_in", "is_test_path"]
 
 CONDA = "/opt/miniconda3/bin/activate"  # SWE-bench images keep the repo's environment there
 LOG_CAP = 50_000_000  # bytes of test output kept
-GIT = "git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.quotepath=off"
+GIT = "git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 APPLY_FAILED = 3  # exit code of the apply step when git refuses the patch
+GUARD = "handhold_guard"  # the pytest plugin (pipeline/pytest_guard.py) that signs each test's real outcome
+GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
+# Descriptors the test run inherits: a pipe holding the guard's key (drained when the plugin loads, so no
+# process that still holds it can read the key again), and the guard's record file.
+GUARD_FDS = "7 8"
 # Run from / so that nothing in the work tree counts: the environment's pytest plugins (by module)
 # and every importable top-level module name. Python 3.6 and later (SWE-bench images run old ones).
 PROBE = r"""
@@ -99,6 +107,9 @@ class _Run:
     exit_code: int
     timed_out: bool
     junit: bytes | None
+    guard: bytes
+    """The guard plugin's signed records."""
+    guard_key: bytes
     effective_patch: str
 
 
@@ -108,6 +119,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     start = time.monotonic()
     private = f"{sandbox.private}/grade-{secrets.token_hex(6)}"
     plugins, installed = _probe(sandbox, task, private)
+    installed |= {GUARD}
     kept = _apply(sandbox, task, patch, private, installed) if patch.strip() else ((), ())
     if kept is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
@@ -118,7 +130,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     log = _swebench_log(run)
     if run.timed_out:
         return Grade(False, "patch", "tests_timed_out", log=log, duration=time.monotonic() - start, **common)
-    verdict = _graded(task, patch, log, run.junit)
+    verdict = _graded(task, patch, log, run)
     if verdict.resolved and flags and zero_suspicious:
         verdict = Grade(False, "patch", "suspicious", report=verdict.report, log=log)
     return Grade(verdict.resolved, verdict.fault, verdict.reason, verdict.report, log,
@@ -126,15 +138,28 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
 
 
 def _probe(sandbox: Sandbox, task: Task, private: str) -> tuple[list[str], frozenset[str]]:
-    """The environment's pytest plugin modules and importable top-level names, before any patch."""
+    """Put the tree back to the task's base exactly, then read the environment's pytest plugin modules
+    and importable top-level names, before any patch."""
     python = _interpreter(task.test_cmd)
-    script = (f"install -d -m 0700 {private} && cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; "
+    script = (f"install -d -m 0700 {private} && install -d -m 0755 {guard_dir(sandbox)} && "
+              f"{{ {_pristine_tree(sandbox)}; }} && cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; "
               f"{python} -c {shlex.quote(PROBE)} || python3 -c {shlex.quote(PROBE)}; }}")
     result = sandbox.run_privileged(script, timeout=120)
     lines = result.output.splitlines()
     if result.exit_code != 0 or len(lines) < 2:
         raise SandboxError(f"probing the environment failed (exit {result.exit_code}): {result.output[-1500:]}")
     return lines[-2].split(), frozenset(lines[-1].split())
+
+
+def _pristine_tree(sandbox: Sandbox) -> str:
+    """Shell that makes a sandbox used before (an agent's leftovers, a grade) what `prepare` left: no process
+    of the sandbox user, the base commit, no untracked file, ignored files and .git/config as they were."""
+    keep, base = pristine(sandbox), shlex.quote(sandbox.base_commit or "HEAD")
+    kill = f"pkill -KILL -U {sandbox.run_as.split()[0]}; " if sandbox.run_as else ""
+    return (f"if [ -f {keep}/ignored.tar ]; then {kill}cd {shlex.quote(sandbox.workdir)} && "
+            f"cp {keep}/git-config .git/config && rm -f .git/index && {GIT} reset -q --hard {base} && "
+            f"{GIT} clean -fdq && {GIT} ls-files -z -o -i --exclude-standard | sort -z | "
+            f"comm -z -23 - <(sort -z {keep}/ignored) | xargs -0r rm -rf -- && tar -xpf {keep}/ignored.tar; fi")
 
 
 def _interpreter(test_cmd: str) -> str:
@@ -160,19 +185,35 @@ def _apply(sandbox: Sandbox, task: Task, patch: str, private: str,
     tracked = sandbox.read_file(f"{private}/tracked").decode("utf-8", "surrogateescape").split("\0")
     tops = {t.split("/", 1)[0] for t in tracked if t}
     reasons = {p: protected_reason(p, task, p.split("/", 1)[0] not in tops, installed) for p in paths}
-    protect = [p for p in paths if reasons[p]]
-    sandbox.write_file(f"{private}/protect", "".join(p + "\0" for p in protect).encode("utf-8", "surrogateescape"))
+    sandbox.write_file(f"{private}/touched", _nul_list(paths))
+    sandbox.write_file(f"{private}/protect", _nul_list([p for p in paths if reasons[p]]))
     done = sandbox.run_privileged(_apply_script(wd, private), timeout=300)
     if done.exit_code == APPLY_FAILED:
         return None
     if done.exit_code != 0:
         raise SandboxError(f"applying the patch failed (exit {done.exit_code}): {done.output[-1500:]}")
+    for p in sandbox.read_file(f"{private}/ignored").decode("utf-8", "surrogateescape").split("\0"):
+        if p in reasons and not reasons[p]:  # git ignores it (caches, build output): in no diff of a real tree
+            reasons[p] = "ignored by git: not source"
+    protect = [p for p in paths if reasons[p]]
     return tuple(protect), tuple(f"restored {p}: {reasons[p]}" for p in protect)
 
 
+def _nul_list(paths: list[str]) -> bytes:
+    return "".join(p + "\0" for p in paths).encode("utf-8", "surrogateescape")
+
+
+def guard_dir(sandbox: Sandbox) -> str:
+    """Where the guard plugin lives in a sandbox: root's, readable by the sandbox user."""
+    return sandbox.private.rstrip("/") + "-guard"
+
+
 def _apply_script(wd: str, private: str) -> str:
-    """Back up the protected paths that exist, apply, remove every protected path, restore the backup."""
+    """Add the touched paths git ignores to the protected ones, back up those that exist, apply, remove every
+    protected path, restore the backup."""
     return f"""cd {wd} || exit 1
+{GIT} check-ignore -z --stdin < {private}/touched > {private}/ignored
+cat {private}/ignored >> {private}/protect
 : > {private}/existing
 while IFS= read -r -d '' f; do
   if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\\0' "$f" >> {private}/existing; fi
@@ -189,6 +230,9 @@ tar -xpf {private}/backup.tar
 def _run_tests(sandbox: Sandbox, task: Task, private: str, plugins: list[str], timeout: float) -> _Run:
     """Restore the tests, run them as the sandbox user, and read back what root captured."""
     pytest_run = task.log_parser in PYTEST_PARSERS
+    key = secrets.token_hex(32).encode()
+    sandbox.write_file(f"{private}/guard.key", key)
+    sandbox.write_file(f"{guard_dir(sandbox)}/{GUARD}.py", GUARD_SOURCE.read_bytes())
     sandbox.write_file(f"{private}/eval.sh", _eval_script(task, sandbox, private, plugins, timeout, pytest_run))
     if task.test_patch:
         sandbox.write_file(f"{private}/test.patch", task.test_patch)
@@ -199,7 +243,7 @@ def _run_tests(sandbox: Sandbox, task: Task, private: str, plugins: list[str], t
     rc, millis = read("rc").decode().split()
     junit = read("junit.xml") if pytest_run else None
     return _Run(read("log").decode("utf-8", errors="replace"), int(rc), int(rc) == 124 or int(millis) >= timeout * 1000,
-                junit or None, read("effective.patch").decode("utf-8", errors="replace"))
+                junit or None, read("guard.log"), key, read("effective.patch").decode("utf-8", errors="replace"))
 
 
 def _eval_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], timeout: float,
@@ -210,7 +254,8 @@ def _eval_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str],
     drop = (f"env HOME={shlex.quote(home)} USER={name} LOGNAME={name} setpriv --reuid={uid} --regid={gid} "
             "--init-groups --") if uid else ""
     report_dir = f"/tmp/.handhold-report-{secrets.token_hex(8)}"
-    addopts = " ".join([*(f"-p {p}" for p in plugins), f"--junitxml={report_dir}/junit.xml"])
+    addopts = " ".join([*(f"-p {p}" for p in [*plugins, GUARD]), f"--junitxml={report_dir}/junit.xml"])
+    guard = guard_dir(sandbox)
     test_patch = (f"{GIT} apply --whitespace=nowarn {private}/test.patch || "
                   "{ echo 'the task test_patch does not apply'; exit 9; }") if task.test_patch else ""
     return f"""cd {shlex.quote(sandbox.workdir)} || exit 1
@@ -222,9 +267,12 @@ idx=$(mktemp -u); GIT_INDEX_FILE=$idx {GIT} read-tree {base} && GIT_INDEX_FILE=$
 GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch; rm -f $idx
 mkdir -m 0700 {report_dir} && {f"chown {uid}:{gid} {report_dir}" if uid else "true"}
 unset PYTEST_PLUGINS
+{f"chown -R 0:0 {guard} {private}" if uid else "true"}; chmod -R go-w {guard}; chmod 0600 {private}/guard.key
 {"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
+export HANDHOLD_GUARD_FDS={shlex.quote(GUARD_FDS)} PYTHONPATH={guard}${{PYTHONPATH:+:$PYTHONPATH}}
+: > {private}/guard.log
 start=$(date +%s%N)
-timeout -k 5 {max(int(timeout), 1)} {drop} bash -c {shlex.quote(task.test_cmd)} < /dev/null 2>&1 | head -c {LOG_CAP} > {private}/log
+timeout -k 5 {max(int(timeout), 1)} {drop} bash -c {shlex.quote(task.test_cmd)} < /dev/null 7< <(cat {private}/guard.key) 8>> {private}/guard.log 2>&1 | head -c {LOG_CAP} > {private}/log
 rc=${{PIPESTATUS[0]}}
 {f"pkill -KILL -U {uid}; sleep 0.1; pkill -KILL -U {uid}" if uid else "true"}
 echo "$rc $(( ($(date +%s%N) - start) / 1000000 ))" > {private}/rc
@@ -249,7 +297,7 @@ def test_spec(task: Task) -> TestSpec:
                     eval_type="pass_and_fail")
 
 
-def _graded(task: Task, patch: str, log: str, junit: bytes | None) -> Grade:
+def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
         f.write(log)
         f.flush()
@@ -264,7 +312,7 @@ def _graded(task: Task, patch: str, log: str, junit: bytes | None) -> Grade:
         return Grade(False, "patch", "tests_failed", report=json.dumps(status))
     if task.log_parser in PYTEST_PARSERS:
         passed = [t for kind in ("FAIL_TO_PASS", "PASS_TO_PASS") for t in status.get(kind, {}).get("success", [])]
-        problems = junit_disagreements(junit, passed)
+        problems = junit_disagreements(run.junit, passed) + guard_disagreements(run.guard, run.guard_key, passed)
         if problems:
             return Grade(False, "patch", "report_mismatch", report=json.dumps({**status, "junit": problems[:20]}))
     return Grade(True, "none", "resolved", report=json.dumps(status))

@@ -13,17 +13,18 @@ import re
 from dataclasses import dataclass, field
 
 from pipeline.agent.tools import execute
-from pipeline.grading import Grade, grade, grade_in
+from pipeline.grading import Grade, grade
 from pipeline.records import GuidancePlan, Task, Trajectory
 from pipeline.tasks.environment import SandboxFactory, task_sandbox
 
-EXIT_LINE = re.compile(r"^exit code: (-?\d+)")
+# pytest's closing line: "==== 3 passed, 1 skipped in 0.40s ====" or, under -q, "1 failed in 0.10s"
+SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s\b", re.M)
 EDITS = ("create", "str_replace", "insert")
 
 
-def final_test_run(traj: Trajectory, task: Task) -> tuple[str, int] | None:
-    """(command, exit code) of the last bash call that ran the task's failing tests; None if none did."""
-    files = {t.split("::")[0] for t in task.FAIL_TO_PASS}
+def final_test_run(traj: Trajectory, task: Task) -> tuple[str, bool] | None:
+    """(command, whether every test passed) of the last bash call that ran tests to pytest's summary line;
+    None if none did. The summary decides, not the exit code a pipe may hide."""
     calls = {}
     last = None
     for message in traj.messages:
@@ -31,16 +32,12 @@ def final_test_run(traj: Trajectory, task: Task) -> tuple[str, int] | None:
             if call["function"]["name"] == "bash":
                 calls[call["id"]] = json.loads(call["function"]["arguments"] or "{}").get("command", "")
         command = calls.get(message.get("tool_call_id") or "", "")
-        if message["role"] == "tool" and command and _runs_tests(command, task, files):
-            match = EXIT_LINE.match(message.get("content") or "")
-            if match:
-                last = (command, int(match.group(1)))
+        if message["role"] == "tool" and command and ("pytest" in command or task.test_cmd in command):
+            summaries = SUMMARY.findall(message.get("content") or "")
+            if summaries:
+                counts = summaries[-1]
+                last = (command, "passed" in counts and not re.search(r"\b(failed|errors?)\b", counts))
     return last
-
-
-def _runs_tests(command: str, task: Task, files: set[str]) -> bool:
-    """A command that runs the task's test command, or pytest on a file holding a failing test."""
-    return task.test_cmd in command or ("pytest" in command and any(f in command for f in files))
 
 
 def lost_patches(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[str]:
@@ -48,7 +45,7 @@ def lost_patches(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list
     lost = []
     for t in trajectories:
         run = final_test_run(t, tasks[t.instance_id]) if t.instance_id in tasks and not t.patch.strip() else None
-        if run and run[1] == 0:
+        if run and run[1]:
             lost.append(t.rollout_id)
     return lost
 
@@ -62,8 +59,8 @@ def replay(task: Task, actions: list[dict], sandboxes: SandboxFactory = task_san
                 break
             execute(sandbox, action["name"], dict(action["args"]), timeout=120)
         patch = sandbox.diff()
-        sandbox.reset()
-        return grade_in(sandbox, task, patch, test_timeout)
+    # Graded in a fresh sandbox: what the actions left outside the diff (caches, ignored files) must not count.
+    return grade(task, patch, test_timeout=test_timeout, sandboxes=sandboxes)
 
 
 @dataclass

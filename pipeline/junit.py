@@ -1,4 +1,5 @@
-"""The JUnit XML report pytest writes, as a cross-check of the log swebench parses.
+"""The JUnit XML report pytest writes and the guard plugin's signed records, as cross-checks of the
+log swebench parses.
 
 A patch can print `PASSED <test>` lines; it is much harder to make pytest's own report, written
 before the process exits, say so too. Test ids are compared in a dotted form that both sides
@@ -7,6 +8,8 @@ share: `pkg/tests/test_a.py::TestX::test_y[1]` and classname `pkg.tests.test_a.T
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import xml.etree.ElementTree as ElementTree
 
 
@@ -30,6 +33,23 @@ def junit_outcomes(report: bytes) -> dict[str, str]:
     return outcomes
 
 
+def guard_outcomes(records: bytes, key: bytes) -> dict[str, str]:
+    """Dotted test id -> outcome, from the guard plugin's signed records (unsigned or forged lines ignored)."""
+    outcomes: dict[str, str] = {}
+    for raw in records.decode("utf-8", "surrogateescape").splitlines():
+        line, _, signature = raw.rpartition("\t")
+        node, _, outcome = line.rpartition("\t")
+        expected = hmac.new(key, line.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+        if node and hmac.compare_digest(signature, expected):
+            outcomes[dotted(node)] = outcome
+    return outcomes
+
+
+def guard_disagreements(records: bytes, key: bytes, passed: list[str]) -> list[str]:
+    """Tests the log counts as passed whose signed outcome from the guard plugin is not 'passed'."""
+    return _not_passed(guard_outcomes(records, key), passed, "the guard's signed records")
+
+
 def junit_disagreements(report: bytes | None, passed: list[str]) -> list[str]:
     """Tests the log counts as passed that the report does not show passing ([] when all agree)."""
     if not passed:
@@ -40,9 +60,26 @@ def junit_disagreements(report: bytes | None, passed: list[str]) -> list[str]:
         outcomes = junit_outcomes(report)
     except ElementTree.ParseError as exc:
         return [f"the JUnit report does not parse: {exc}"]
+    return _not_passed(outcomes, passed, "the JUnit report")
+
+
+def _not_passed(outcomes: dict[str, str], passed: list[str], where: str) -> list[str]:
+    """'<test>: <outcome> in <where>' for each test of `passed` that `outcomes` does not show passing."""
     problems = []
     for test in passed:
-        outcome = outcomes.get(dotted(test), "missing")
+        outcome = _outcome(outcomes, dotted(test))
         if outcome != "passed":
-            problems.append(f"{test}: {outcome} in the JUnit report")
+            problems.append(f"{test}: {outcome} in {where}")
     return problems
+
+
+def _outcome(outcomes: dict[str, str], key: str) -> str:
+    """A test's outcome; an id the log parser cut at a space inside its parameters (`test_x[a,`) stands for
+    every test it begins, and all of them must agree."""
+    if key in outcomes:
+        return outcomes[key]
+    if "[" in key and not key.endswith("]"):
+        found = {outcome for name, outcome in outcomes.items() if name.startswith(key)}
+        if found:
+            return "passed" if found == {"passed"} else sorted(found - {"passed"})[0]
+    return "missing"

@@ -71,6 +71,9 @@ JUNIT = b"""<?xml version="1.0"?><testsuites><testsuite>
 <testcase classname="pkg.tests.test_a.TestK" name="test_p[1-a/b]"/>
 <testcase classname="pkg.tests.test_a" name="test_bad"><failure message="x"/></testcase>
 <testcase classname="pkg.tests.test_a" name="test_skip"><skipped/></testcase>
+<testcase classname="pkg.tests.test_a" name="test_sig[a, b-1]"/>
+<testcase classname="pkg.tests.test_a" name="test_sig[a, c-2]"/>
+<testcase classname="pkg.tests.test_a" name="test_cut[x, y]"><failure/></testcase>
 </testsuite></testsuites>"""
 
 
@@ -78,6 +81,10 @@ def test_junit_cross_check():
     assert dotted("pkg/tests/test_a.py::TestK::test_p[1-a/b]") == "pkg.tests.test_a.TestK.test_p[1-a/b]"
     ok = ["pkg/tests/test_a.py::test_ok", "pkg/tests/test_a.py::TestK::test_p[1-a/b]"]
     assert junit_disagreements(JUNIT, ok) == []
+    # swebench's parser cuts an id at a space in its parameters: the cut id covers every test it begins
+    assert junit_disagreements(JUNIT, ["pkg/tests/test_a.py::test_sig[a,"]) == []
+    assert junit_disagreements(JUNIT, ["pkg/tests/test_a.py::test_cut[x,"]) == [
+        "pkg/tests/test_a.py::test_cut[x,: failed in the JUnit report"]
     assert junit_disagreements(JUNIT, ok + ["pkg/tests/test_a.py::test_bad", "pkg/tests/test_a.py::test_skip",
                                             "pkg/tests/test_a.py::test_gone"]) == [
         "pkg/tests/test_a.py::test_bad: failed in the JUnit report",

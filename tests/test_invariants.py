@@ -25,18 +25,27 @@ def attempt(rollout_id: str, patch: str, *steps: list[dict]) -> SimpleNamespace:
     return SimpleNamespace(rollout_id=rollout_id, instance_id="t", patch=patch, messages=tuple(messages))
 
 
-def test_final_test_run_is_the_last_run_of_the_failing_tests():
-    traj = attempt("r", "", bash("1", "python -m pytest -rA pkg/tests", "exit code: 1\nFAILED"),
+def test_final_test_run_is_the_last_test_run_to_its_summary():
+    traj = attempt("r", "", bash("1", "python -m pytest -rA pkg/tests", "exit code: 1\n=== 1 failed, 1 passed in 0.2s ==="),
                    bash("2", "ls", "exit code: 0\npkg"),
-                   bash("3", "cd /testbed && python -m pytest pkg/tests/test_a.py -q", "exit code: 0\n2 passed"),
-                   bash("4", "pytest other/test_z.py", "exit code: 1\nFAILED"))
-    assert final_test_run(traj, TASK) == ("cd /testbed && python -m pytest pkg/tests/test_a.py -q", 0)
+                   bash("3", "cd /testbed && python -m pytest pkg/tests/test_a.py -q", "exit code: 0\n2 passed in 0.1s"),
+                   bash("4", "ls", "exit code: 0\n"))
+    assert final_test_run(traj, TASK) == ("cd /testbed && python -m pytest pkg/tests/test_a.py -q", True)
+    later = attempt("r", "", *[bash(str(i), c, o) for i, (c, o) in enumerate([
+        ("pytest pkg/tests/test_a.py::test_a", "exit code: 0\n1 passed in 0.1s"),
+        ("pytest -x -q | tail", "exit code: 0\n1 failed, 9 passed in 0.3s")])])
+    assert final_test_run(later, TASK) == ("pytest -x -q | tail", False)
+    piped = attempt("r", "", bash("1", "python -m pytest -q pkg/tests/test_a.py | tail -n 5",
+                                  "exit code: 0\nE NameError\n1 failed, 1 passed in 0.10s"))
+    assert final_test_run(piped, TASK) == ("python -m pytest -q pkg/tests/test_a.py | tail -n 5", False)
     assert final_test_run(attempt("r", "", bash("1", "ls", "exit code: 0\n")), TASK) is None
+    unfinished = attempt("r", "", bash("1", "python -m pytest pkg/tests", "exit code: 0\ncollecting ..."))
+    assert final_test_run(unfinished, TASK) is None
 
 
 def test_lost_patches_are_empty_patches_after_a_passing_run():
-    passed = bash("1", "python -m pytest -rA pkg/tests", "exit code: 0\n2 passed")
-    failed = bash("1", "python -m pytest -rA pkg/tests", "exit code: 1\n1 failed")
+    passed = bash("1", "python -m pytest -rA pkg/tests", "exit code: 0\n===== 2 passed, 1 skipped in 0.31s =====")
+    failed = bash("1", "python -m pytest -rA pkg/tests", "exit code: 1\n===== 1 failed, 1 passed in 0.31s =====")
     trajectories = [attempt("lost", "", passed), attempt("kept", "diff --git a/x b/x\n", passed),
                     attempt("failed", "", failed), attempt("silent", "")]
     assert lost_patches(trajectories, {"t": TASK}) == ["lost"]

@@ -24,7 +24,25 @@ IGNORED = "*.egg-info/\n__pycache__/\n*.pyc\n.pytest_cache/\n"
 
 
 def prepare(sandbox: Sandbox, task: Task) -> str:
-    """Apply the task's setup patch and commit the tree as the only history; returns HEAD."""
+    """Apply the task's setup patch and commit the tree as the only history, then keep what the grader
+    restores before every grade (the files git ignores, .git/config); returns HEAD."""
+    head = _commit(sandbox, task)
+    snapshot = sandbox.run_privileged(
+        f"install -d -m 0700 {pristine(sandbox)} && cd {shlex.quote(sandbox.workdir)} && "
+        f"cp .git/config {pristine(sandbox)}/git-config && "
+        f"git -c safe.directory='*' ls-files -z -o -i --exclude-standard > {pristine(sandbox)}/ignored && "
+        f"tar -cf {pristine(sandbox)}/ignored.tar --null -T {pristine(sandbox)}/ignored", timeout=120)
+    if snapshot.exit_code != 0:
+        raise SandboxError(f"task {task.instance_id}: keeping the pristine tree failed: {snapshot.output[-1500:]}")
+    return head
+
+
+def pristine(sandbox: Sandbox) -> str:
+    """Root's copy of what `prepare` left that git does not track: ignored files and .git/config."""
+    return f"{sandbox.private}/pristine"
+
+
+def _commit(sandbox: Sandbox, task: Task) -> str:
     if not task.setup_patch:
         sandbox.base_commit = task.base_commit or sandbox.base_commit
         return sandbox.base_commit or ""
