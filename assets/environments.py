@@ -5,21 +5,22 @@ import json
 
 import dagster as dg
 
-from assets.resources import HandholdSettings
+from assets.resources import Credentials, HandholdSettings
+from pipeline.guidance.rescue import teacher_client
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
 from pipeline.store import read_records, write_rows
-from pipeline.tasks.packages import build_environment_image, fetch_source
+from pipeline.tasks.packages import build_environment_image, fetch_source, package_specs
 from pipeline.tasks.swebench_rows import load_tasks
 from pipeline.tasks.synth import synthesize
 from pipeline.tasks.validate import check_tasks
-from sandbox.images import BaseImageConfig, docker_client, ensure_base_image
+from sandbox.images import docker_client, ensure_base_image
 
 
 @dg.asset(group_name="environments", kinds={"docker"})
 def sandbox_base_image(settings: HandholdSettings) -> dg.MaterializeResult:
     """The image every sandbox and environment image starts from (pulled, or built from Debian)."""
     client = docker_client()
-    tag = ensure_base_image(BaseImageConfig(tag=settings.base_image), client=client)
+    tag = ensure_base_image(settings.resolved().base_image, client=client)
     image = client.images.get(tag)
     return dg.MaterializeResult(metadata={
         "tag": tag, "image_id": image.short_id, "size_mb": round(image.attrs["Size"] / 1e6, 1),
@@ -29,15 +30,16 @@ def sandbox_base_image(settings: HandholdSettings) -> dg.MaterializeResult:
 @dg.asset(group_name="environments", kinds={"python"})
 def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
     """Package sources (sdists as git repos) and, when configured, SWE-bench-format dataset rows."""
-    cache = settings.path("cache")
-    roots = {spec.key: str(fetch_source(spec, cache)) for spec in settings.synth_config().packages}
-    rows, rejects = (load_tasks(settings.dataset, split=settings.dataset_split,
-                                limit=settings.dataset_limit or None) if settings.dataset else ([], []))
+    cache, config = settings.path("cache"), settings.resolved()
+    roots = {spec.key: str(fetch_source(spec, cache)) for spec in package_specs(config.synth.packages)}
+    sources = config.sources
+    rows, rejects = (load_tasks(sources.dataset, split=sources.dataset_split,
+                                limit=sources.dataset_limit or None) if sources.dataset else ([], []))
     write_rows(settings.path("sources", "dataset_tasks.parquet"), [t.to_row() for t in rows], TASK_SCHEMA)
     write_rows(settings.path("sources", "dataset_rejects.parquet"), [dataclasses.asdict(r) for r in rejects],
                REJECT_SCHEMA)
     return dg.MaterializeResult(metadata={
-        "packages": roots, "dataset": settings.dataset or "(none)", "dataset_rows": len(rows),
+        "packages": roots, "dataset": sources.dataset or "(none)", "dataset_rows": len(rows),
         "dataset_rejects": len(rejects),
     })
 
@@ -45,20 +47,23 @@ def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
 @dg.asset(group_name="environments", kinds={"docker"}, deps=[sandbox_base_image, task_sources])
 def environment_images(settings: HandholdSettings) -> dg.MaterializeResult:
     """One image per package version, its package installed editable with test dependencies."""
-    client, cache = docker_client(), settings.path("cache")
-    tags = {spec.key: build_environment_image(spec, settings.base_image, cache, client)
-            for spec in settings.synth_config().packages}
+    client, cache, config = docker_client(), settings.path("cache"), settings.resolved()
+    tags = {spec.key: build_environment_image(spec, config.base_image.tag, cache, client)
+            for spec in package_specs(config.synth.packages)}
     return dg.MaterializeResult(metadata={"images": tags, "count": len(tags)})
 
 
 @dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images])
-def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
+          credentials: Credentials) -> dg.MaterializeResult:
     """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
-    synthesized, report = synthesize(settings.synth_config(), settings.base_image, settings.path("cache"),
-                                     docker_client())
+    config = settings.resolved()
+    writer = teacher_client(config.guidance, credentials.key("teacher"))  # writes problem statements, if an LLM
+    synthesized, report = synthesize(config.synth, config.base_image.tag, settings.path("cache"), docker_client(),
+                                     statement_writer=writer)
     dataset_rows = [Task.from_row(r) for r in read_records(settings.path("sources", "dataset_tasks.parquet"),
                                                            TASK_SCHEMA, produced_by="task_sources")]
-    checked, dataset_rejects = check_tasks(dataset_rows, workers=settings.workers)
+    checked, dataset_rejects = check_tasks(dataset_rows, workers=config.synth.workers)
     all_tasks, rejects = synthesized + checked, report.rejects + dataset_rejects
     path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)
     write_rows(settings.path("tasks", "rejects.parquet"), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets.resources import HandholdSettings
+from assets.resources import Credentials, HandholdSettings, make_policy
 from assets.rollouts import load_tasks
 from pipeline.guidance.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
     make_teacher, recovery, teacher_plans
@@ -13,18 +13,19 @@ from pipeline.store import read_batch, read_records, write_rows
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes")
-def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
+             credentials: Credentials) -> dg.MaterializeResult:
     """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
-    config, batch = settings.guidance_config(), settings.batch_name(context)
+    config, batch = settings.resolved().guidance, settings.batch_name(context)
     unguided = [Trajectory.from_row(r) for r in read_records(
         settings.path("trajectories", "unguided", batch, "trajectories.parquet"), TRAJECTORY_SCHEMA,
         produced_by="unguided_rollouts", batch=batch)]
     tasks = {t.instance_id: t for t in load_tasks(settings)}
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
-    plans = teacher_plans(tasks, failed, make_teacher(config), config)
+    plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
-        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], settings.policy(),
-                              settings.rollout_config(), config, settings.path("trajectories", "probes", batch), batch)
+        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], make_policy(settings, credentials),
+                              settings.resolved().rollout, config, settings.path("trajectories", "probes", batch), batch)
     path = write_rows(settings.path("guidance", batch, "guidance.parquet"),
                       [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
     for p in plans:
@@ -41,13 +42,14 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings) -> d
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=[guidance], pool="sandboxes")
-def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
+                    credentials: Credentials) -> dg.MaterializeResult:
     """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
     batch = settings.batch_name(context)
     plans = [GuidancePlan.from_row(r) for r in read_records(settings.path("guidance", batch, "guidance.parquet"),
                                                              GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch=batch)]
     tasks = {t.instance_id: t for t in load_tasks(settings)}
-    policy, config = settings.policy(), settings.rollout_config()
+    policy, config = make_policy(settings, credentials), settings.resolved().rollout
     jobs = guided_jobs(tasks, guided_guidance(plans), policy, config, batch)
     out = settings.path("trajectories", "guided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)

@@ -1,98 +1,72 @@
-"""Resources shared by the assets: where outputs go and which tasks are made."""
+"""Resources shared by the assets: the run's settings and the credentials of the clients.
+
+`HandholdSettings` is derived from `pipeline.settings.HandholdConfig`: every field, default,
+choice (`Literal`) and doc comes from the pipeline's dataclasses, nothing is declared twice.
+Clients (policy, teacher) are built only by the asset that uses them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Literal
 
 import dagster as dg
+from pydantic import Field, create_model
+
+from pipeline.settings import HandholdConfig, default_of, field_docs, field_types, from_mapping
 
 
-class HandholdSettings(dg.ConfigurableResource):
-    """Run-wide settings; every field can be set per run in the Dagster launchpad."""
+@functools.cache
+def config_model(cls: type) -> type[dg.Config]:
+    """A Dagster Config class with the fields, defaults, choices and docs of a config dataclass."""
+    return create_model(f"{cls.__name__}Settings", __base__=dg.Config, __doc__=cls.__doc__, **_fields(cls))
 
-    data_dir: str = "data"
-    """Folder all Parquet files and datasets are written under (relative to the working dir)."""
-    base_image: str = "handhold/base:bookworm-py3"
-    """Tag of the sandbox base image that environment images are built on."""
-    packages: list[str] = ["toolz", "tabulate", "boltons"]
-    """Built-in packages to synthesize tasks from (names in pipeline.tasks.packages.DEFAULT_PACKAGES)."""
-    tasks_per_package: int = 8
-    """Synthesized tasks kept per package."""
-    dataset: str = ""
-    """Optional SWE-bench-format dataset (Hub name or local JSON/JSONL/Parquet) loaded next to them."""
-    dataset_split: str = "test"
-    """Split of `dataset` to load."""
-    dataset_limit: int = 0
-    """Most rows of `dataset` loaded (0: all)."""
-    workers: int = 2
-    """Sandboxes run at once by any stage."""
-    rollout_tasks: int = 6
-    """Tasks the rollout stages run on, the first ones of `tasks` (0: all of them)."""
-    attempts: int = 2
-    """Attempts per task in a rollout group (N)."""
-    max_steps: int = 40
-    """Most model calls per attempt."""
-    policy_kind: str = "heuristic"
-    """'heuristic' (offline baseline), 'openai' (any OpenAI-compatible server: vLLM, SGLang...), 'anthropic', 'hf'."""
-    policy_model: str = ""
-    """Model name on the server, or a local model directory for 'hf'."""
-    policy_base_url: str = ""
-    """Server URL for 'openai' (e.g. http://127.0.0.1:8000/v1) or 'anthropic'; empty: the client's default."""
-    policy_api_key_env: str = ""
-    """Name of the environment variable holding the API key (the key itself is never configured here)."""
-    guidance_kinds: list[str] = ["plan", "environment_feedback", "environment_interaction", "action"]
-    """Guidance tried on failed tasks: teacher kinds (Agent-RLVR) and/or 'action' (ActGuide-RL)."""
-    delta: float = 0.0
-    """Only tasks whose unguided best reward is at most this get guidance."""
-    probes_per_step: int = 2
-    """Probe attempts per step of the action-prefix binary search."""
-    max_search_steps: int = 5
-    """Most steps of the action-prefix binary search."""
-    compare_linear: bool = True
-    """Also run the linear prefix search from k = 1, to report the probe ratio."""
-    teacher: str = "rule"
-    """'rule' (offline, from the gold patch), 'anthropic' or 'openai'."""
-    teacher_model: str = ""
-    """Model of the LLM teacher."""
-    teacher_base_url: str = ""
-    """Server of the LLM teacher; empty: the client's default."""
-    teacher_api_key_env: str = ""
-    """Environment variable holding the teacher's API key."""
-    teacher_sees_gold: bool = True
-    """Show the teacher the gold patch (it is told never to quote it)."""
-    action_file: str = ""
-    """Optional JSONL of imported reference action logs."""
-    batch: str = ""
-    """Batch partition name; empty: today's date (UTC), so a rerun the same day resumes."""
+
+def _fields(cls: type) -> dict[str, Any]:
+    docs, hints, fields = field_docs(cls), field_types(cls), {}
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            model = config_model(kind)
+            fields[f.name] = (model, Field(default_factory=model, description=docs.get(f.name)))
+        else:
+            default = default_of(f)
+            fields[f.name] = (_annotation(kind), Field(list(default) if isinstance(default, tuple) else default,
+                                                       description=docs.get(f.name)))
+    return fields
+
+
+def _annotation(kind: Any) -> Any:
+    """Dagster's form of a field type: tuples become lists, the rest is as declared."""
+    if typing.get_origin(kind) is tuple:
+        return list[typing.get_args(kind)[0]]
+    if typing.get_origin(kind) is Literal or kind in (str, int, float, bool):
+        return kind
+    raise TypeError(f"{kind!r} cannot be a setting: use str, int, float, bool, Literal, tuple or a config dataclass")
+
+
+def plain(value: Any) -> Any:
+    """Settings as nested plain data, from a Dagster Config (or resource) object."""
+    if isinstance(value, (dg.Config, dg.ConfigurableResource)):
+        return {name: plain(getattr(value, name)) for name in type(value).model_fields}
+    return list(value) if isinstance(value, tuple) else value
+
+
+class _Settings(dg.ConfigurableResource):
+    """Run-wide settings; every field can be set per run in the launchpad or from a YAML file."""
+
+    def resolved(self) -> HandholdConfig:
+        """The settings as the pipeline's own config tree."""
+        return from_mapping(HandholdConfig, plain(self), "the settings resource")
 
     def path(self, *parts: str) -> Path:
         out = Path(self.data_dir).resolve().joinpath(*parts)
         out.parent.mkdir(parents=True, exist_ok=True)
         return out
-
-    def policy(self):
-        from pipeline.agent.factory import PolicySpec, make_policy
-
-        return make_policy(PolicySpec(kind=self.policy_kind, model=self.policy_model,  # type: ignore[arg-type]
-                                      base_url=self.policy_base_url, api_key_env=self.policy_api_key_env))
-
-    def rollout_config(self):
-        from pipeline.agent.loop import AgentConfig
-        from pipeline.rollouts import RolloutConfig
-
-        return RolloutConfig(attempts=self.attempts, workers=self.workers,
-                             agent=AgentConfig(max_steps=self.max_steps))
-
-    def guidance_config(self):
-        from pipeline.guidance.rescue import GuidanceConfig
-
-        return GuidanceConfig(kinds=tuple(self.guidance_kinds), delta=self.delta,
-                              probes_per_step=self.probes_per_step, max_search_steps=self.max_search_steps,
-                              compare_linear=self.compare_linear, teacher=self.teacher,  # type: ignore[arg-type]
-                              teacher_model=self.teacher_model, teacher_base_url=self.teacher_base_url,
-                              teacher_api_key_env=self.teacher_api_key_env, teacher_sees_gold=self.teacher_sees_gold,
-                              action_file=self.action_file)
 
     def batch_name(self, context) -> str:
         """`batch`, or the UTC date the run was created (the same for every asset of a run)."""
@@ -102,16 +76,31 @@ class HandholdSettings(dg.ConfigurableResource):
         created = record.create_timestamp if record else datetime.now(timezone.utc)
         return created.strftime("%Y-%m-%d")
 
-    def synth_config(self):
-        from pipeline.guidance.rescue import teacher_client
-        from pipeline.tasks.packages import DEFAULT_PACKAGES
-        from pipeline.tasks.synth import SynthConfig
 
-        known = {p.name: p for p in DEFAULT_PACKAGES}
-        unknown = [name for name in self.packages if name not in known]
-        if unknown:
-            raise ValueError(f"settings.packages has unknown names {unknown}; choose from {sorted(known)}")
-        return SynthConfig(packages=tuple(known[n] for n in self.packages),
-                           tasks_per_package=self.tasks_per_package, workers=self.workers,
-                           statement_writer=teacher_client(self.guidance_config()))
+HandholdSettings = create_model("HandholdSettings", __base__=_Settings, __doc__=_Settings.__doc__,
+                                **_fields(HandholdConfig))
 
+
+class Credentials(dg.ConfigurableResource):
+    """Keys of the clients, set with dg.EnvVar in a deployment so that the UI shows only the variable's name.
+
+    Empty: each client reads the environment variable its settings name (`api_key_env`).
+    """
+
+    policy_api_key: str = ""
+    """Key of the policy's server."""
+    teacher_api_key: str = ""
+    """Key of the teacher LLM's server."""
+    hub_token: str = ""
+    """Hugging Face Hub token for publishing datasets."""
+
+    def key(self, which: str) -> str | None:
+        """A key, or None to let the client read its environment variable."""
+        return getattr(self, f"{which}_api_key") or None
+
+
+def make_policy(settings: _Settings, credentials: Credentials):
+    """The policy the settings name, built now (only the assets that run it call this)."""
+    from pipeline.agent.factory import make_policy as build
+
+    return build(settings.resolved().policy, api_key=credentials.key("policy"))

@@ -4,7 +4,7 @@ from itertools import zip_longest
 
 import dagster as dg
 
-from assets.resources import HandholdSettings
+from assets.resources import Credentials, HandholdSettings, make_policy
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.invariants import batch_invariants
 from pipeline.rollouts import plan_jobs, run_batch
@@ -18,13 +18,15 @@ def load_tasks(settings: HandholdSettings) -> list[Task]:
         task = Task.from_row(row)
         by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
-    return tasks[: settings.rollout_tasks] if settings.rollout_tasks else tasks
+    limit = settings.resolved().rollout_tasks
+    return tasks[:limit] if limit else tasks
 
 
 @dg.asset(group_name="rollouts", kinds={"parquet", "docker"}, deps=["tasks"], pool="sandboxes")
-def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
+                      credentials: Credentials) -> dg.MaterializeResult:
     """N unguided attempts per task by the configured policy, each graded by the task's tests."""
-    tasks, policy, config = load_tasks(settings), settings.policy(), settings.rollout_config()
+    tasks, policy, config = load_tasks(settings), make_policy(settings, credentials), settings.resolved().rollout
     batch = settings.batch_name(context)
     jobs = plan_jobs(tasks, policy, config, batch)
     out = settings.path("trajectories", "unguided", batch)

@@ -47,7 +47,7 @@ def one_task_per_package(cache: Path) -> list:
     base = ensure_base_image(client=client)
     tasks = []
     for spec in DEFAULT_PACKAGES:
-        found, _ = synthesize(SynthConfig(packages=(spec,), tasks_per_package=1, candidates_per_package=20),
+        found, _ = synthesize(SynthConfig(packages=(spec.name,), tasks_per_package=1, candidates_per_package=20),
                               base, cache, client)
         tasks += found[:1]
     return tasks

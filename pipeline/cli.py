@@ -29,16 +29,18 @@ def ensure_dagster_home() -> Path:
     return home
 
 
-def settings_overrides(pairs: list[str]) -> dict:
-    """`key=value` pairs (values read as YAML) as run config for the `settings` resource."""
-    import yaml
+DEFAULT_CONFIG = "configs/default.yaml"
 
-    values = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set {pair!r}: expected key=value, e.g. --set attempts=4")
-        values[key.strip()] = yaml.safe_load(value)
+
+def run_config(config_file: str | None, pairs: list[str]) -> dict:
+    """Run config for the `settings` resource: a YAML experiment file, then `dotted.key=value` overrides."""
+    from pipeline.settings import SettingsError, read_settings, with_overrides
+
+    try:
+        data = read_settings(config_file) if config_file else {}
+        values = with_overrides(data, pairs, where=f"{config_file or 'settings'} with --set")
+    except SettingsError as exc:
+        raise SystemExit(f"handhold: {exc}") from None
     return {"resources": {"settings": {"config": values}}} if values else {}
 
 
@@ -51,7 +53,7 @@ def run_demo(args: argparse.Namespace) -> int:
     home = ensure_dagster_home()
     instance = dg.DagsterInstance.get()
     job = defs.resolve_job_def("main")
-    result = job.execute_in_process(instance=instance, run_config=settings_overrides(args.set) or None,
+    result = job.execute_in_process(instance=instance, run_config=run_config(args.config, args.set) or None,
                                     raise_on_error=False)
     print(f"\nrun {result.run_id}: {'succeeded' if result.success else 'FAILED'} "
           f"(recorded in {home}; `make dev` shows it in the Dagster UI)")
@@ -66,6 +68,22 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if result.success else 1
 
 
+def run_show_config(args: argparse.Namespace) -> int:
+    """Print (or write) the documented settings of a YAML file with --set applied, all fields included."""
+    from pipeline.settings import HandholdConfig, documented_yaml, from_mapping
+
+    values = run_config(args.config, args.set)
+    config = from_mapping(HandholdConfig, values["resources"]["settings"]["config"] if values else {},
+                          args.config or "defaults")
+    text = documented_yaml(config)
+    if args.write:
+        Path(args.write).write_text(text)
+        print(f"wrote {args.write}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def run_base_image(args: argparse.Namespace) -> int:
     from sandbox.images import ensure_base_image
 
@@ -77,9 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="handhold", description="Training data for SWE agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="materialize the whole graph headless (the main job)")
-    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a setting of the run (see assets/resources.py), e.g. --set attempts=4")
+    show = sub.add_parser("config", help="print every setting, documented, as YAML (the defaults, or a file's)")
+    show.add_argument("--write", metavar="FILE", help="write it to FILE instead")
+    for command in (demo, show):
+        command.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG if command is demo else None,
+                             help=f"YAML experiment file (default for demo: {DEFAULT_CONFIG})")
+        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                             help="override one setting, e.g. --set rollout.attempts=4 (see `handhold config`)")
     demo.set_defaults(func=run_demo)
+    show.set_defaults(func=run_show_config)
     base = sub.add_parser("base-image", help="make sure the sandbox base image exists")
     base.set_defaults(func=run_base_image)
     args = parser.parse_args(argv)

@@ -58,6 +58,9 @@ class RolloutConfig:
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     test_timeout: float = 300.0
     """Seconds the grader's test run may take."""
+    zero_suspicious: bool = True
+    """A patch the grader flags as suspicious (pytest internals, exit hooks, forged verdicts) gets reward 0;
+    its flags are stored on the trajectory either way."""
     quote_ngram: int = 8
     """A guided response sharing a run of this many words with the guidance is flagged `quotes_guidance`."""
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -256,7 +259,8 @@ def _grade(job: Job, config: RolloutConfig, sandboxes: SandboxFactory, out: _Out
     if out.attempt is None or out.infra:
         return
     while True:
-        out.verdict = grade(job.task, out.attempt.patch, config.sandbox, config.test_timeout, sandboxes=sandboxes)
+        out.verdict = grade(job.task, out.attempt.patch, config.sandbox, config.test_timeout, sandboxes=sandboxes,
+                            zero_suspicious=config.zero_suspicious)
         out.infra = f"grader: {out.verdict.reason}" if out.verdict.fault == "infra" else ""
         if not out.infra or out.retries >= config.infra_retries:
             return

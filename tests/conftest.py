@@ -40,7 +40,7 @@ def base_image(docker_client) -> str:
 def synth_run(base_image, docker_client, tmp_path_factory):
     """Tasks synthesized from toolz: the real thing, cut small for CI."""
     cache = Path(tmp_path_factory.mktemp("synth-cache"))
-    config = SynthConfig(packages=(TOOLZ,), tasks_per_package=3, candidates_per_package=30)
+    config = SynthConfig(packages=(TOOLZ.name,), tasks_per_package=3, candidates_per_package=30)
     tasks, report = synthesize(config, base_image, cache, docker_client)
     return tasks, report, config, cache
 

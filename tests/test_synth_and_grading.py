@@ -118,8 +118,8 @@ def test_package_without_tests_is_reported_and_skipped(synth_run, base_image, do
 
     cache = synth_run[3]
     bad = PackageSpec("toolz", "1.0.0", ("no_such_tests",), ("toolz/*.py",))
-    tasks, report = synthesize(SynthConfig(packages=(bad, TOOLZ), tasks_per_package=3, candidates_per_package=30),
-                               base_image, cache, docker_client)
+    tasks, report = synthesize(SynthConfig(tasks_per_package=3, candidates_per_package=30), base_image, cache,
+                               docker_client, specs=(bad, TOOLZ))
     (reject,) = report.rejects
     assert reject.item == "toolz-1.0.0" and reject.stage == "package" and "no_such_tests" in reject.reason
     assert len(tasks) >= 2  # the good package still yields its (cached) tasks

@@ -49,8 +49,8 @@ class AnthropicPolicy:
 
     native_tools = True
 
-    def __init__(self, config: AnthropicPolicyConfig):
-        key = os.environ.get(config.api_key_env)
+    def __init__(self, config: AnthropicPolicyConfig, api_key: str | None = None):
+        key = api_key or os.environ.get(config.api_key_env)  # a key given here wins; never stored
         if not key:
             raise ValueError(f"AnthropicPolicy: set the {config.api_key_env} environment variable "
                              "(or point AnthropicPolicyConfig.api_key_env at the one that holds the key)")

@@ -28,8 +28,9 @@ class PolicySpec:
     """Environment variable holding the API key; empty: the client's usual one."""
 
 
-def make_policy(spec: PolicySpec) -> Policy:
-    """The policy a spec names, with a clear error for missing settings."""
+def make_policy(spec: PolicySpec, api_key: str | None = None) -> Policy:
+    """The policy a spec names, with a clear error for missing settings; `api_key` (never stored) wins over
+    the environment variable `spec.api_key_env` names."""
     if spec.kind == "heuristic":
         from pipeline.agent.heuristic import HeuristicPolicy
 
@@ -42,14 +43,14 @@ def make_policy(spec: PolicySpec) -> Policy:
         extra = {"base_url": spec.base_url} if spec.base_url else {}
         extra |= {"api_key_env": spec.api_key_env} if spec.api_key_env else {}
         return OpenAIPolicy(OpenAIPolicyConfig(model=spec.model, temperature=spec.temperature,
-                                               max_tokens=spec.max_tokens, **extra))
+                                               max_tokens=spec.max_tokens, **extra), api_key=api_key)
     if spec.kind == "anthropic":
         from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
 
         extra = {"api_key_env": spec.api_key_env} if spec.api_key_env else {}
         return AnthropicPolicy(AnthropicPolicyConfig(model=spec.model, base_url=spec.base_url or None,
                                                      temperature=spec.temperature, max_tokens=spec.max_tokens,
-                                                     **extra))
+                                                     **extra), api_key=api_key)
     if spec.kind == "hf":
         from pipeline.agent.hf_policy import LocalHFPolicy, LocalHFPolicyConfig
 

@@ -49,12 +49,12 @@ class OpenAIPolicy:
 
     native_tools = True
 
-    def __init__(self, config: OpenAIPolicyConfig):
+    def __init__(self, config: OpenAIPolicyConfig, api_key: str | None = None):
         self.config = config
         self.name = f"openai:{config.model}"
         self._logprobs = config.request_logprobs
         self._client = openai.OpenAI(
-            api_key=os.environ.get(config.api_key_env) or NO_KEY,
+            api_key=api_key or os.environ.get(config.api_key_env) or NO_KEY,  # a key given here wins; never stored
             base_url=config.base_url,
             timeout=config.timeout,
             max_retries=0,  # the retry count is ours

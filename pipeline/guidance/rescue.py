@@ -77,18 +77,18 @@ def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, lis
     return {k: v for k, v in groups.items() if max(t.reward for t in v) <= delta}
 
 
-def teacher_client(config: GuidanceConfig) -> Policy | None:
-    """The LLM client the teacher settings name, or None for the rule-based teacher."""
+def teacher_client(config: GuidanceConfig, api_key: str | None = None) -> Policy | None:
+    """The LLM client the teacher settings name (built only when called), or None for the rule-based teacher."""
     if config.teacher == "rule":
         return None
     from pipeline.agent.factory import PolicySpec, make_policy
 
     return make_policy(PolicySpec(kind=config.teacher, model=config.teacher_model, base_url=config.teacher_base_url,
-                                  temperature=0.0, api_key_env=config.teacher_api_key_env))
+                                  temperature=0.0, api_key_env=config.teacher_api_key_env), api_key=api_key)
 
 
-def make_teacher(config: GuidanceConfig) -> Teacher:
-    client = teacher_client(config)
+def make_teacher(config: GuidanceConfig, api_key: str | None = None) -> Teacher:
+    client = teacher_client(config, api_key)
     return RuleTeacher() if client is None else LLMTeacher(client, show_gold=config.teacher_sees_gold)
 
 

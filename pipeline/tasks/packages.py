@@ -52,6 +52,15 @@ DEFAULT_PACKAGES = (
 )
 
 
+def package_specs(names: tuple[str, ...]) -> tuple[PackageSpec, ...]:
+    """The built-in pinned specs of these package names; an unknown name says which ones exist."""
+    known = {p.name: p for p in DEFAULT_PACKAGES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"synth.packages has unknown names {unknown}; choose from {sorted(known)}")
+    return tuple(known[n] for n in names)
+
+
 class PackageError(RuntimeError):
     """A package cannot become an environment (no sdist, no tests, does not install)."""
 

@@ -25,7 +25,7 @@ from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.packages import DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, \
-    build_environment_image, fetch_source, test_command
+    build_environment_image, fetch_source, package_specs, test_command
 from pipeline.tasks.issue_writer import written_statement
 from pipeline.tasks.statements import failure_messages_from_log
 from pipeline.tasks.validate import check_tasks
@@ -41,8 +41,8 @@ _COUNT_LOCK = threading.Lock()  # candidate workers count from several threads
 class SynthConfig:
     """How tasks are synthesized from packages."""
 
-    packages: tuple[PackageSpec, ...] = DEFAULT_PACKAGES
-    """Packages at pinned versions to inject bugs into."""
+    packages: tuple[str, ...] = tuple(p.name for p in DEFAULT_PACKAGES)
+    """Packages to inject bugs into, by name (built-in pins: toolz, tabulate, boltons)."""
     tasks_per_package: int = 8
     """Stop validating a package's candidates once this many are kept."""
     candidates_per_package: int = 60
@@ -61,8 +61,6 @@ class SynthConfig:
     """Most candidates taken from one function (spreads tasks over the code)."""
     seed: int = 0
     """Seed of candidate sampling and problem-statement templates."""
-    statement_writer: Policy | None = None
-    """The teacher LLM that writes problem statements; None: templates."""
 
 
 @dataclass
@@ -141,9 +139,9 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
 
 
 def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
-              text: str, config: SynthConfig) -> Task:
+              text: str, config: SynthConfig, writer: Policy | None = None) -> Task:
     p2p = sorted(base.passed - set(f2p))
-    statement = written_statement(config.statement_writer, spec.name, f2p, failure_messages_from_log(text),
+    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text),
                                   gold_patch(cand), config.seed)
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
                   "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id}
@@ -158,7 +156,7 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
 
 
 def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: SynthConfig,
-                       report: SynthReport, client: docker.DockerClient) -> list[Task]:
+                       report: SynthReport, client: docker.DockerClient, writer: Policy | None = None) -> list[Task]:
     """Candidate tasks of one package, in its environment image (not yet checked by the verifier)."""
     root = fetch_source(spec, cache)
     candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
@@ -171,14 +169,14 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
     sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
     try:
         base = baseline(sandboxes[0], spec, config)
-        tasks = _validate_candidates(spec, image, candidates, base, sandboxes, config, report)
+        tasks = _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer)
     finally:
         for sb in sandboxes:
             sb.close()
     return tasks
 
 
-def _validate_candidates(spec, image, candidates, base, sandboxes, config, report) -> list[Task]:
+def _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer) -> list[Task]:
     """Try candidates on the sandboxes in parallel until enough are kept."""
     tasks: list[Task] = []
     pending = list(candidates)
@@ -192,7 +190,7 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
         while (cand := next_candidate()) is not None:
             found = try_candidate(sandbox, spec, cand, base, config, report)
             if found:
-                task = make_task(spec, image, cand, found[0], base, found[1], config)
+                task = make_task(spec, image, cand, found[0], base, found[1], config, writer)
                 with lock:
                     if len(tasks) < config.tasks_per_package:
                         tasks.append(task)
@@ -203,20 +201,22 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
     return tasks
 
 
-def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path) -> Path:
-    writer = config.statement_writer.name if config.statement_writer else "templates"
+def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None) -> Path:
     key = repr((image, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
-                config.max_per_function, config.seed, config.min_pass_rate, config.slowdown, writer))
+                config.max_per_function, config.seed, config.min_pass_rate, config.slowdown,
+                writer.name if writer else "templates"))
     return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
 
 
-def synthesize(config: SynthConfig, base_image: str, cache: Path,
-               client: docker.DockerClient) -> tuple[list[Task], SynthReport]:
-    """Validated tasks from every configured package; a package that fails is reported, not fatal."""
+def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker.DockerClient, *,
+               specs: tuple[PackageSpec, ...] | None = None,
+               statement_writer: Policy | None = None) -> tuple[list[Task], SynthReport]:
+    """Validated tasks from every package (`specs`, else the configured names); a package that fails is
+    reported, not fatal. `statement_writer`: the teacher LLM that writes problem statements (None: templates)."""
     start, report, tasks = time.monotonic(), SynthReport(), []
-    for spec in config.packages:
+    for spec in specs if specs is not None else package_specs(config.packages):
         try:
-            tasks += _package_tasks(spec, base_image, cache, config, report, client)
+            tasks += _package_tasks(spec, base_image, cache, config, report, client, statement_writer)
         except PackageError as exc:
             log.warning("skipping %s: %s", spec.key, exc)
             report.rejects.append(RejectedTask(spec.key, "package", str(exc)))
@@ -224,15 +224,15 @@ def synthesize(config: SynthConfig, base_image: str, cache: Path,
     return tasks, report
 
 
-def _package_tasks(spec, base_image, cache, config, report, client) -> list[Task]:
+def _package_tasks(spec, base_image, cache, config, report, client, writer) -> list[Task]:
     image = build_environment_image(spec, base_image, cache, client)
-    cached = _cache_file(spec, image, config, cache)
+    cached = _cache_file(spec, image, config, cache, writer)
     if cached.exists():
         report.per_package.setdefault(spec.key, Counter())["cached"] = 1
         return [Task.from_row(r) for r in read_rows(cached)]
     start = time.monotonic()
     log.info("%s: synthesizing tasks in %s", spec.key, image)
-    candidates = synthesize_package(spec, image, cache, config, report, client)
+    candidates = synthesize_package(spec, image, cache, config, report, client, writer)
     kept, rejects = check_tasks(candidates, workers=config.workers)
     report.rejects += rejects
     for task in kept:
