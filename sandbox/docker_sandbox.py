@@ -38,8 +38,8 @@ class DockerSandboxConfig:
     """CPU limit, in cores."""
     pids: int = 512
     """Most processes the container may hold (contains fork bombs)."""
-    user: str | None = None
-    """User the shell runs as; None: the image's `agent` user if it has one, else the image default."""
+    user: str = "auto"
+    """User the agent's commands run as; 'auto': the image's `agent` user if it has one, else the image's default."""
     timeout: float = DEFAULT_TIMEOUT
     """Default per-command timeout, seconds."""
     output_cap: int = OUTPUT_CAP
@@ -60,7 +60,7 @@ class DockerSandbox:
         self._sock = None
         try:
             self.container = self._start_container()
-            self.user = self.config.user if self.config.user is not None else self._default_user()
+            self.user = self.config.user if self.config.user != "auto" else self._default_user()
             self.run_as = self._run_as()
             self._start_shell()
         except Exception:
