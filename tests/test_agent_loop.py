@@ -268,7 +268,7 @@ def test_tiny_local_model_runs_an_attempt_with_logprobs(tmp_path, sandbox, task)
     policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(build_tiny_model(tmp_path / "tiny")),
                                                max_new_tokens=24))
     attempt = run_attempt(task, policy, sandbox, AgentConfig(max_steps=2, max_format_errors=5), seed=0)
-    assert attempt.exit_status in ("max_steps", "submitted", "format_errors")
+    assert attempt.exit_status == "max_steps"  # random weights write no valid call: 2 format errors of 5 allowed
     assert not attempt.tools and "<tool_call>" in attempt.prompt[0]["content"]  # the template takes no tools
     turns = [m for m in attempt.messages if m["role"] == "assistant"]
     assert len(attempt.logprobs) == len(turns) == len(attempt.steps) >= 1
