@@ -37,40 +37,17 @@ from swebench.types import TestSpec
 from pipeline.guard import flag_kinds, is_test_path, numstat_paths, protected_reason, suspicious_flags
 from pipeline.junit import guard_disagreements, junit_disagreements
 from pipeline.records import Task
-from pipeline.tasks.environment import SandboxFactory, pristine, task_sandbox
+from pipeline.grade_steps import GUARD, apply_script, guard_dir, list_script, test_script
+from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
+from sandbox.privileged import exchange
 
 __all__ = ["Grade", "grade", "grade_in", "is_test_path"]
 
-CONDA = "/opt/miniconda3/bin/activate"  # SWE-bench images keep the repo's environment there
-LOG_CAP = 50_000_000  # bytes of test output kept
-GIT = "git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
-APPLY_FAILED = 3  # exit code of the apply step when git refuses the patch
-GUARD = "handhold_guard"  # the pytest plugin (pipeline/pytest_guard.py) that signs each test's real outcome
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
-# Descriptors the test run inherits: a pipe holding the guard's key (drained when the plugin loads, so no
-# process that still holds it can read the key again), and the guard's record file.
-GUARD_FDS = "7 8"
-# Run from / so that nothing in the work tree counts: the environment's pytest plugins (by module)
-# and every importable top-level module name. Python 3.6 and later (SWE-bench images run old ones).
-PROBE = r"""
-import sys, pkgutil
-try:
-    from importlib.metadata import entry_points
-    eps = entry_points()
-    eps = eps.select(group="pytest11") if hasattr(eps, "select") else eps.get("pytest11", [])
-    plugins = {e.value.split(":")[0].strip() for e in eps}
-except Exception:
-    try:
-        import pkg_resources
-        plugins = {e.module_name for e in pkg_resources.iter_entry_points("pytest11")}
-    except Exception:
-        plugins = set()
-print(" ".join(sorted(plugins)))
-print(" ".join(sorted(set(sys.builtin_module_names) | {m[1] for m in pkgutil.iter_modules()})))
-"""
+_PROBED: dict[tuple[str, str], tuple[list[str], frozenset[str]]] = {}  # (image, python) -> probe, per process
 
 
 @dataclass(frozen=True)
@@ -111,22 +88,23 @@ class _Run:
     """The guard plugin's signed records."""
     guard_key: bytes
     effective_patch: str
+    dropped: tuple[str, ...]
+    enforcement: tuple[str, ...]
 
 
 def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300,
              zero_suspicious: bool = True) -> Grade:
-    """Grade `patch` in a prepared sandbox at the task's base (it is left modified)."""
+    """Grade `patch` in a sandbox made by `prepare` (used before or not: the tree is put back first)."""
     start = time.monotonic()
     private = f"{sandbox.private}/grade-{secrets.token_hex(6)}"
-    plugins, installed = _probe(sandbox, task, private)
-    installed |= {GUARD}
-    kept = _apply(sandbox, task, patch, private, installed) if patch.strip() else ((), ())
-    if kept is None:
+    listed = _list(sandbox, task, patch, private)
+    if listed is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
-    dropped, enforcement = kept
-    run = _run_tests(sandbox, task, private, plugins, test_timeout)
+    run = _apply_and_test(sandbox, task, private, *listed, test_timeout)
+    if run is None:
+        return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
     flags = suspicious_flags(run.effective_patch, flag_kinds(task.patch))
-    common = dict(dropped_files=dropped, enforcement=enforcement, suspicious=flags)
+    common = dict(dropped_files=run.dropped, enforcement=run.enforcement, suspicious=flags)
     log = _swebench_log(run)
     if run.timed_out:
         return Grade(False, "patch", "tests_timed_out", log=log, duration=time.monotonic() - start, **common)
@@ -137,29 +115,57 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
                  duration=time.monotonic() - start, **common)
 
 
-def _probe(sandbox: Sandbox, task: Task, private: str) -> tuple[list[str], frozenset[str]]:
-    """Put the tree back to the task's base exactly, then read the environment's pytest plugin modules
-    and importable top-level names, before any patch."""
-    python = _interpreter(task.test_cmd)
-    script = (f"install -d -m 0700 {private} && install -d -m 0755 {guard_dir(sandbox)} && "
-              f"{{ {_pristine_tree(sandbox)}; }} && cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; "
-              f"{python} -c {shlex.quote(PROBE)} || python3 -c {shlex.quote(PROBE)}; }}")
-    result = sandbox.run_privileged(script, timeout=120)
-    lines = result.output.splitlines()
-    if result.exit_code != 0 or len(lines) < 2:
-        raise SandboxError(f"probing the environment failed (exit {result.exit_code}): {result.output[-1500:]}")
-    return lines[-2].split(), frozenset(lines[-1].split())
+def _list(sandbox: Sandbox, task: Task, patch: str, private: str):
+    """Round trip 1: (plugins, installed names, patch paths, protected reasons); None when git refuses it."""
+    key = (getattr(sandbox, "image", ""), _interpreter(task.test_cmd))
+    probed = _PROBED.get(key) if key[0] else None
+    inputs = {f"{private}/candidate.patch": (patch.encode(), 0o600),
+              f"{guard_dir(sandbox)}/{GUARD}.py": (GUARD_SOURCE.read_bytes(), 0o644)}
+    script = list_script(sandbox, private, None if probed else key[1], bool(patch.strip()))
+    done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in ("probe", "numstat", "tracked", "refused")],
+                    timeout=300)
+    if done.exit_code != 0:
+        raise SandboxError(f"preparing the grade failed (exit {done.exit_code}): {done.log[-1500:]}")
+    if f"{private}/refused" in done.files:
+        return None
+    if not probed:
+        lines = done.files[f"{private}/probe"].decode("utf-8", "replace").splitlines()
+        probed = (lines[-2].split(), frozenset(lines[-1].split()) | {GUARD})
+        if key[0]:
+            _PROBED[key] = probed
+    paths = list(dict.fromkeys(numstat_paths(done.files.get(f"{private}/numstat", b""))))
+    tracked = done.files.get(f"{private}/tracked", b"").decode("utf-8", "surrogateescape").split("\0")
+    tops = {t.split("/", 1)[0] for t in tracked if t}
+    reasons = {p: protected_reason(p, task, p.split("/", 1)[0] not in tops, probed[1]) for p in paths}
+    return probed[0], reasons
 
 
-def _pristine_tree(sandbox: Sandbox) -> str:
-    """Shell that makes a sandbox used before (an agent's leftovers, a grade) what `prepare` left: no process
-    of the sandbox user, the base commit, no untracked file, ignored files and .git/config as they were."""
-    keep, base = pristine(sandbox), shlex.quote(sandbox.base_commit or "HEAD")
-    kill = f"pkill -KILL -U {sandbox.run_as.split()[0]}; " if sandbox.run_as else ""
-    return (f"if [ -f {keep}/ignored.tar ]; then {kill}cd {shlex.quote(sandbox.workdir)} && "
-            f"cp {keep}/git-config .git/config && rm -f .git/index && {GIT} reset -q --hard {base} && "
-            f"{GIT} clean -fdq && {GIT} ls-files -z -o -i --exclude-standard | sort -z | "
-            f"comm -z -23 - <(sort -z {keep}/ignored) | xargs -0r rm -rf -- && tar -xpf {keep}/ignored.tar; fi")
+def _apply_and_test(sandbox: Sandbox, task: Task, private: str, plugins: list[str], reasons: dict[str, str],
+                    timeout: float) -> _Run | None:
+    """Round trip 2: apply with protected paths put back, run the tests; None when git refuses the patch."""
+    pytest_run = task.log_parser in PYTEST_PARSERS
+    key = secrets.token_hex(32).encode()
+    inputs = {f"{private}/guard.key": (key, 0o600), f"{private}/test.patch": (task.test_patch.encode(), 0o600),
+              f"{private}/touched": (_nul_list(list(reasons)), 0o600),
+              f"{private}/protect": (_nul_list([p for p in reasons if reasons[p]]), 0o600)}
+    script = (apply_script(sandbox, private) if reasons else "") + \
+        test_script(task, sandbox, private, plugins, timeout, pytest_run)
+    names = ("ignored", "refused", "rc", "log", "junit.xml", "guard.log", "effective.patch")
+    done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in names], timeout=timeout + 120)
+    out = {n: done.files.get(f"{private}/{n}") for n in names}
+    if out["refused"] is not None:
+        return None
+    if done.exit_code != 0 or out["rc"] is None:
+        raise SandboxError(f"the grading script failed (exit {done.exit_code}): {done.log[-1500:]}")
+    for p in (out["ignored"] or b"").decode("utf-8", "surrogateescape").split("\0"):
+        if p in reasons and not reasons[p]:  # git ignores it (caches, build output): in no diff of a real tree
+            reasons[p] = "ignored by git: not source"
+    protect = [p for p in reasons if reasons[p]]
+    rc, millis = out["rc"].decode().split()
+    return _Run((out["log"] or b"").decode("utf-8", errors="replace"), int(rc),
+                int(rc) == 124 or int(millis) >= timeout * 1000, out["junit.xml"] if pytest_run else None,
+                out["guard.log"] or b"", key, (out["effective.patch"] or b"").decode("utf-8", errors="replace"),
+                tuple(protect), tuple(f"restored {p}: {reasons[p]}" for p in protect))
 
 
 def _interpreter(test_cmd: str) -> str:
@@ -168,120 +174,8 @@ def _interpreter(test_cmd: str) -> str:
     return shlex.quote((match.group(1) or "") + match.group(2)) if match else "python"
 
 
-def _apply(sandbox: Sandbox, task: Task, patch: str, private: str,
-           installed: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """Apply with git, then put every protected path back; (dropped paths, actions), None if git refuses."""
-    wd = shlex.quote(sandbox.workdir)
-    sandbox.write_file(f"{private}/candidate.patch", patch)
-    listed = sandbox.run_privileged(
-        f"cd {wd} && {GIT} apply --check {private}/candidate.patch >/dev/null 2>&1 || exit {APPLY_FAILED}; "
-        f"{GIT} apply --numstat -z {private}/candidate.patch > {private}/numstat && "
-        f"{GIT} ls-files -z > {private}/tracked", timeout=120)
-    if listed.exit_code == APPLY_FAILED:
-        return None
-    if listed.exit_code != 0:
-        raise SandboxError(f"reading the patch's paths failed (exit {listed.exit_code}): {listed.output[-1500:]}")
-    paths = list(dict.fromkeys(numstat_paths(sandbox.read_file(f"{private}/numstat"))))
-    tracked = sandbox.read_file(f"{private}/tracked").decode("utf-8", "surrogateescape").split("\0")
-    tops = {t.split("/", 1)[0] for t in tracked if t}
-    reasons = {p: protected_reason(p, task, p.split("/", 1)[0] not in tops, installed) for p in paths}
-    sandbox.write_file(f"{private}/touched", _nul_list(paths))
-    sandbox.write_file(f"{private}/protect", _nul_list([p for p in paths if reasons[p]]))
-    done = sandbox.run_privileged(_apply_script(wd, private), timeout=300)
-    if done.exit_code == APPLY_FAILED:
-        return None
-    if done.exit_code != 0:
-        raise SandboxError(f"applying the patch failed (exit {done.exit_code}): {done.output[-1500:]}")
-    for p in sandbox.read_file(f"{private}/ignored").decode("utf-8", "surrogateescape").split("\0"):
-        if p in reasons and not reasons[p]:  # git ignores it (caches, build output): in no diff of a real tree
-            reasons[p] = "ignored by git: not source"
-    protect = [p for p in paths if reasons[p]]
-    return tuple(protect), tuple(f"restored {p}: {reasons[p]}" for p in protect)
-
-
 def _nul_list(paths: list[str]) -> bytes:
     return "".join(p + "\0" for p in paths).encode("utf-8", "surrogateescape")
-
-
-def guard_dir(sandbox: Sandbox) -> str:
-    """Where the guard plugin lives in a sandbox: root's, readable by the sandbox user."""
-    return sandbox.private.rstrip("/") + "-guard"
-
-
-def _apply_script(wd: str, private: str) -> str:
-    """Add the touched paths git ignores to the protected ones, back up those that exist, apply, remove every
-    protected path, restore the backup."""
-    return f"""cd {wd} || exit 1
-{GIT} check-ignore -z --stdin < {private}/touched > {private}/ignored
-cat {private}/ignored >> {private}/protect
-: > {private}/existing
-while IFS= read -r -d '' f; do
-  if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\\0' "$f" >> {private}/existing; fi
-done < {private}/protect
-tar -cf {private}/backup.tar --null -T {private}/existing || exit 1
-{GIT} apply --whitespace=nowarn {private}/candidate.patch || exit {APPLY_FAILED}
-while IFS= read -r -d '' f; do
-  rm -f -- "$f"; d=$(dirname -- "$f"); [ "$d" = . ] || rmdir -p --ignore-fail-on-non-empty -- "$d" 2>/dev/null
-done < {private}/protect
-tar -xpf {private}/backup.tar
-"""
-
-
-def _run_tests(sandbox: Sandbox, task: Task, private: str, plugins: list[str], timeout: float) -> _Run:
-    """Restore the tests, run them as the sandbox user, and read back what root captured."""
-    pytest_run = task.log_parser in PYTEST_PARSERS
-    key = secrets.token_hex(32).encode()
-    sandbox.write_file(f"{private}/guard.key", key)
-    sandbox.write_file(f"{guard_dir(sandbox)}/{GUARD}.py", GUARD_SOURCE.read_bytes())
-    sandbox.write_file(f"{private}/eval.sh", _eval_script(task, sandbox, private, plugins, timeout, pytest_run))
-    if task.test_patch:
-        sandbox.write_file(f"{private}/test.patch", task.test_patch)
-    result = sandbox.run_privileged(f"bash {private}/eval.sh", timeout=timeout + 120)
-    if result.exit_code != 0:
-        raise SandboxError(f"the grading script failed (exit {result.exit_code}): {result.output[-1500:]}")
-    read = lambda name: sandbox.read_file(f"{private}/{name}")  # noqa: E731
-    rc, millis = read("rc").decode().split()
-    junit = read("junit.xml") if pytest_run else None
-    return _Run(read("log").decode("utf-8", errors="replace"), int(rc), int(rc) == 124 or int(millis) >= timeout * 1000,
-                junit or None, read("guard.log"), key, read("effective.patch").decode("utf-8", errors="replace"))
-
-
-def _eval_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], timeout: float,
-                 pytest_run: bool) -> str:
-    base = shlex.quote(sandbox.base_commit or "HEAD")
-    files = " ".join(shlex.quote(f) for f in task.test_files)
-    uid, gid, home, name = (sandbox.run_as.split() + ["", "", "", ""])[:4]
-    drop = (f"env HOME={shlex.quote(home)} USER={name} LOGNAME={name} setpriv --reuid={uid} --regid={gid} "
-            "--init-groups --") if uid else ""
-    report_dir = f"/tmp/.handhold-report-{secrets.token_hex(8)}"
-    addopts = " ".join([*(f"-p {p}" for p in [*plugins, GUARD]), f"--junitxml={report_dir}/junit.xml"])
-    guard = guard_dir(sandbox)
-    test_patch = (f"{GIT} apply --whitespace=nowarn {private}/test.patch || "
-                  "{ echo 'the task test_patch does not apply'; exit 9; }") if task.test_patch else ""
-    return f"""cd {shlex.quote(sandbox.workdir)} || exit 1
-[ -f {CONDA} ] && . {CONDA} testbed
-for f in {files}; do {GIT} cat-file -e {base}:"$f" 2>/dev/null && {GIT} checkout -q {base} -- "$f"; done
-{test_patch}
-{f"chown -R {uid}:{gid} ." if uid else ""}
-idx=$(mktemp -u); GIT_INDEX_FILE=$idx {GIT} read-tree {base} && GIT_INDEX_FILE=$idx {GIT} add -A . >/dev/null 2>&1
-GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch; rm -f $idx
-mkdir -m 0700 {report_dir} && {f"chown {uid}:{gid} {report_dir}" if uid else "true"}
-unset PYTEST_PLUGINS
-{f"chown -R 0:0 {guard} {private}" if uid else "true"}; chmod -R go-w {guard}; chmod 0600 {private}/guard.key
-{"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
-export HANDHOLD_GUARD_FDS={shlex.quote(GUARD_FDS)} PYTHONPATH={guard}${{PYTHONPATH:+:$PYTHONPATH}}
-: > {private}/guard.log
-start=$(date +%s%N)
-timeout -k 5 {max(int(timeout), 1)} {drop} bash -c {shlex.quote(task.test_cmd)} < /dev/null 7< <(cat {private}/guard.key) 8>> {private}/guard.log 2>&1 | head -c {LOG_CAP} > {private}/log
-rc=${{PIPESTATUS[0]}}
-{f"pkill -KILL -U {uid}; sleep 0.1; pkill -KILL -U {uid}" if uid else "true"}
-echo "$rc $(( ($(date +%s%N) - start) / 1000000 ))" > {private}/rc
-: > {private}/junit.xml
-f={report_dir}/junit.xml
-[ -f "$f" ] && [ ! -L "$f" ] && head -c {LOG_CAP} "$f" > {private}/junit.xml
-rm -rf {report_dir}
-exit 0
-"""
 
 
 def _swebench_log(run: _Run) -> str:

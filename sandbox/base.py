@@ -39,8 +39,10 @@ class Sandbox(Protocol):
         """Run a command in the persistent session (cwd and exports persist)."""
         ...
 
-    def run_privileged(self, command: str, timeout: float) -> CommandResult:
-        """Run outside the agent's session, as the sandbox's administrator (root in a container)."""
+    def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
+        """Run outside the agent's session, as the sandbox's administrator (root in a container), `stdin` on
+        its standard input; its output is decoded with surrogateescape, so `.encode("utf-8", "surrogateescape")`
+        gives back the exact bytes."""
         ...
 
     def read_file(self, path: str) -> bytes:

@@ -187,21 +187,24 @@ class DockerSandbox:
                 time.sleep(0.5 * (attempt + 1))
         raise SandboxError(f"sandbox {self.short_id}: the shell cannot be restarted")
 
-    def run_privileged(self, command: str, timeout: float) -> CommandResult:
-        """Run `command` as root in its own exec, apart from the session; stdout and stderr together."""
+    def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
+        """Run `command` as root in its own exec, apart from the session, `stdin` on its standard input;
+        stdout and stderr together, decoded with surrogateescape (so encoding it back gives the bytes)."""
         start = time.monotonic()
         argv = ["timeout", "-k", "5", str(max(int(timeout), 1)), "bash", "--noprofile", "--norc", "-c", command]
         try:
-            exec_id = self.client.api.exec_create(self.container.id, argv, stdout=True, stderr=True, user="root")["Id"]
+            exec_id = self.client.api.exec_create(self.container.id, argv, stdin=bool(stdin), stdout=True,
+                                                  stderr=True, user="root")["Id"]
             sock = self.client.api.exec_start(exec_id, socket=True)._sock
             try:
+                sock.sendall(stdin)  # the command reads exactly this many bytes: no end-of-file needed
                 output = _read_all_frames(sock, timeout + 30)
             finally:
                 sock.close()
             code = self.client.api.exec_inspect(exec_id)["ExitCode"]
         except (docker.errors.APIError, OSError) as exc:
             raise SandboxError(f"sandbox {self.short_id}: a privileged command failed to run: {exc}") from exc
-        return CommandResult(code if code is not None else -1, output.decode("utf-8", errors="replace"),
+        return CommandResult(code if code is not None else -1, output.decode("utf-8", errors="surrogateescape"),
                              time.monotonic() - start, timed_out=code == 124)
 
     def _checked(self, command: str, what: str) -> str:

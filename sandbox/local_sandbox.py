@@ -81,17 +81,19 @@ class LocalSandbox:
         timeout = self.timeout if timeout is None else timeout
         return run_or_restart(self._shell, self._restart_shell, command, timeout, self._root)
 
-    def run_privileged(self, command: str, timeout: float) -> CommandResult:
-        """A separate bash as this same user (a LocalSandbox has no one else to be)."""
+    def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
+        """A separate bash as this same user (a LocalSandbox has no one else to be); output decoded with
+        surrogateescape, as DockerSandbox's."""
         start = time.monotonic()
         try:
-            done = subprocess.run(["bash", "--noprofile", "--norc", "-c", command], cwd=self.workdir,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=timeout, start_new_session=True)
+            done = subprocess.run(["bash", "--noprofile", "--norc", "-c", command], cwd=self.workdir, input=stdin,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+                                  start_new_session=True)
         except subprocess.TimeoutExpired as exc:
-            out = (exc.stdout or b"").decode("utf-8", errors="replace")
+            out = (exc.stdout or b"").decode("utf-8", errors="surrogateescape")
             return CommandResult(-1, out, time.monotonic() - start, timed_out=True)
-        return CommandResult(done.returncode, done.stdout.decode("utf-8", errors="replace"), time.monotonic() - start)
+        return CommandResult(done.returncode, done.stdout.decode("utf-8", errors="surrogateescape"),
+                             time.monotonic() - start)
 
     def _head(self) -> str | None:
         result = self.run(head_command(self.workdir), timeout=30)

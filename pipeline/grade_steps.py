@@ -1,0 +1,130 @@
+"""The shell the grader runs as root in a sandbox, in two round trips (see sandbox/privileged.py).
+
+1. `list_script`: the tree put back to what `prepare` left, the environment probed (once per
+   image), and git's own reading of the patch: does it apply, which paths it touches.
+2. `apply_and_test_script`: the patch applied with every protected path put back, the test files
+   restored, then the tests run as the sandbox user with their output, exit code, JUnit report and
+   the guard plugin's signed records captured by root.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+
+from pipeline.records import Task
+from pipeline.tasks.environment import pristine
+from sandbox.base import Sandbox
+
+CONDA = "/opt/miniconda3/bin/activate"  # SWE-bench images keep the repo's environment there
+LOG_CAP = 50_000_000  # bytes of test output kept
+GIT = "git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
+GUARD = "handhold_guard"  # the pytest plugin (pipeline/pytest_guard.py) that signs each test's real outcome
+# Descriptors the test run inherits: a pipe holding the guard's key (drained when the plugin loads, so no
+# process that still holds it can read the key again), and the guard's record file.
+GUARD_FDS = "7 8"
+# Run from / so that nothing in the work tree counts: the environment's pytest plugins (by module)
+# and every importable top-level module name. Python 3.6 and later (SWE-bench images run old ones).
+PROBE = r"""
+import sys, pkgutil
+try:
+    from importlib.metadata import entry_points
+    eps = entry_points()
+    eps = eps.select(group="pytest11") if hasattr(eps, "select") else eps.get("pytest11", [])
+    plugins = {e.value.split(":")[0].strip() for e in eps}
+except Exception:
+    try:
+        import pkg_resources
+        plugins = {e.module_name for e in pkg_resources.iter_entry_points("pytest11")}
+    except Exception:
+        plugins = set()
+print(" ".join(sorted(plugins)))
+print(" ".join(sorted(set(sys.builtin_module_names) | {m[1] for m in pkgutil.iter_modules()})))
+"""
+
+
+def guard_dir(sandbox: Sandbox) -> str:
+    """Where the guard plugin lives in a sandbox: root's, readable by the sandbox user."""
+    return sandbox.private.rstrip("/") + "-guard"
+
+
+def list_script(sandbox: Sandbox, private: str, python: str | None, patch: bool) -> str:
+    """Pristine tree; the probe (when `python` is given) to probe; git's verdict and paths for the patch."""
+    wd, guard = shlex.quote(sandbox.workdir), guard_dir(sandbox)
+    probe = (f"(cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; {python} -c {shlex.quote(PROBE)} || "
+             f"python3 -c {shlex.quote(PROBE)}; }}) > {private}/probe || exit 1") if python else ""
+    listing = (f"cd {wd} && {GIT} ls-files -z > {private}/tracked || exit 1\n"
+               f"if {GIT} apply --check {private}/candidate.patch >/dev/null 2>&1; then\n"
+               f"  {GIT} apply --numstat -z {private}/candidate.patch > {private}/numstat || exit 1\n"
+               f"else echo refused > {private}/refused; fi") if patch else ""
+    own = f"chown -R 0:0 {guard} && " if sandbox.run_as else ""
+    return f"""chmod 0700 {sandbox.private} {private} && {own}chmod -R go-w {guard} || exit 1
+{pristine_tree(sandbox)}
+{probe}
+{listing}"""
+
+
+def pristine_tree(sandbox: Sandbox) -> str:
+    """Shell that makes a sandbox used before (an agent's leftovers, a grade) what `prepare` left: no process
+    of the sandbox user, the base commit, no untracked file, ignored files and .git/config as they were."""
+    keep, base = pristine(sandbox), shlex.quote(sandbox.base_commit or "HEAD")
+    kill = f"pkill -KILL -U {sandbox.run_as.split()[0]}; " if sandbox.run_as else ""
+    return (f"if [ -f {keep}/ignored.tar ]; then {kill}cd {shlex.quote(sandbox.workdir)} && "
+            f"cp {keep}/git-config .git/config && rm -f .git/index && {GIT} reset -q --hard {base} && "
+            f"{GIT} clean -fdq && {GIT} ls-files -z -o -i --exclude-standard | sort -z | "
+            f"comm -z -23 - <(sort -z {keep}/ignored) | xargs -0r rm -rf -- && tar -xpf {keep}/ignored.tar "
+            "|| exit 1; fi")
+
+
+def apply_script(sandbox: Sandbox, private: str) -> str:
+    """Add the touched paths git ignores to the protected ones, back up those that exist, apply, remove every
+    protected path, restore the backup. `refused` is written when git will not apply the patch."""
+    return f"""cd {shlex.quote(sandbox.workdir)} || exit 1
+{GIT} check-ignore -z --stdin < {private}/touched > {private}/ignored
+cat {private}/ignored >> {private}/protect
+: > {private}/existing
+while IFS= read -r -d '' f; do
+  if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\\0' "$f" >> {private}/existing; fi
+done < {private}/protect
+tar -cf {private}/backup.tar --null -T {private}/existing || exit 1
+{GIT} apply --whitespace=nowarn {private}/candidate.patch || {{ echo refused > {private}/refused; exit 0; }}
+while IFS= read -r -d '' f; do
+  rm -f -- "$f"; d=$(dirname -- "$f"); [ "$d" = . ] || rmdir -p --ignore-fail-on-non-empty -- "$d" 2>/dev/null
+done < {private}/protect
+tar -xpf {private}/backup.tar || exit 1
+"""
+
+
+def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], timeout: float,
+                pytest_run: bool) -> str:
+    """Restore the tests, record the tree they see, run them as the sandbox user; root keeps what they did."""
+    base = shlex.quote(sandbox.base_commit or "HEAD")
+    files = " ".join(shlex.quote(f) for f in task.test_files)
+    uid, gid, home, name = (sandbox.run_as.split() + ["", "", "", ""])[:4]
+    drop = (f"env HOME={shlex.quote(home)} USER={name} LOGNAME={name} setpriv --reuid={uid} --regid={gid} "
+            "--init-groups --") if uid else ""
+    report_dir = f"/tmp/.handhold-report-{secrets.token_hex(8)}"
+    addopts = " ".join([*(f"-p {p}" for p in [*plugins, GUARD]), f"--junitxml={report_dir}/junit.xml"])
+    test_patch = (f"{GIT} apply --whitespace=nowarn {private}/test.patch || "
+                  "{ echo 'the task test_patch does not apply'; exit 9; }") if task.test_patch else ""
+    return f"""cd {shlex.quote(sandbox.workdir)} || exit 1
+[ -f {CONDA} ] && . {CONDA} testbed
+for f in {files}; do {GIT} cat-file -e {base}:"$f" 2>/dev/null && {GIT} checkout -q {base} -- "$f"; done
+{test_patch}
+{f"chown -R {uid}:{gid} ." if uid else ""}
+idx=$(mktemp -u); GIT_INDEX_FILE=$idx {GIT} read-tree {base} && GIT_INDEX_FILE=$idx {GIT} add -A . >/dev/null 2>&1
+GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch; rm -f $idx
+mkdir -m 0700 {report_dir} && {f"chown {uid}:{gid} {report_dir}" if uid else "true"}
+unset PYTEST_PLUGINS
+{"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
+export HANDHOLD_GUARD_FDS={shlex.quote(GUARD_FDS)} PYTHONPATH={guard_dir(sandbox)}${{PYTHONPATH:+:$PYTHONPATH}}
+: > {private}/guard.log
+start=$(date +%s%N)
+timeout -k 5 {max(int(timeout), 1)} {drop} bash -c {shlex.quote(task.test_cmd)} < /dev/null 7< <(cat {private}/guard.key) 8>> {private}/guard.log 2>&1 | head -c {LOG_CAP} > {private}/log
+rc=${{PIPESTATUS[0]}}
+{f"pkill -KILL -U {uid}; pkill -KILL -U {uid}" if uid else "true"}
+echo "$rc $(( ($(date +%s%N) - start) / 1000000 ))" > {private}/rc
+f={report_dir}/junit.xml
+[ -f "$f" ] && [ ! -L "$f" ] && head -c {LOG_CAP} "$f" > {private}/junit.xml
+rm -rf {report_dir}
+"""
