@@ -45,6 +45,7 @@ from sandbox.privileged import exchange
 
 __all__ = ["Grade", "grade", "grade_in", "is_test_path"]
 
+GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an older grader are validated again
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
 _PROBED: dict[tuple[str, str], tuple[list[str], frozenset[str]]] = {}  # (image, python) -> probe, per process

@@ -21,6 +21,7 @@ import docker
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
 from pipeline.agent.policy import Policy
+from pipeline.grading import GRADER_VERSION
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
@@ -204,7 +205,7 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
 def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None) -> Path:
     key = repr((image, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
                 config.max_per_function, config.seed, config.min_pass_rate, config.slowdown,
-                writer.name if writer else "templates"))
+                writer.name if writer else "templates", GRADER_VERSION))
     return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
 
 
