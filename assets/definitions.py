@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.datasets import dataset_checks, dataset_export, hub_publication, training_datasets
 from assets.environments import environment_images, sandbox_base_image, task_sources, tasks
 from assets.guidance import guidance, guided_rollouts
 from assets.resources import Credentials, HandholdSettings, config_model
@@ -12,7 +13,7 @@ from pipeline.agent.factory import PolicySpec
 from pipeline.guidance.rescue import GuidanceConfig
 
 all_assets = [sandbox_base_image, task_sources, environment_images, tasks, unguided_rollouts, guidance,
-              guided_rollouts]
+              guided_rollouts, training_datasets, dataset_export, hub_publication]
 
 # What the prod deployment reads from its environment, and what each variable holds.
 PROD_ENV = {
@@ -22,6 +23,7 @@ PROD_ENV = {
     "HANDHOLD_POLICY_API_KEY": "the policy server's key",
     "HANDHOLD_TEACHER_MODEL": "the Anthropic model of the teacher",
     "ANTHROPIC_API_KEY": "the teacher's Anthropic key",
+    "HF_TOKEN": "the Hugging Face Hub token datasets are published with",
 }
 
 
@@ -36,7 +38,8 @@ def resources(deployment: str) -> dict:
     guidance = config_model(GuidanceConfig)(teacher="anthropic", teacher_model=dg.EnvVar("HANDHOLD_TEACHER_MODEL"))
     return {"settings": HandholdSettings(policy=policy, guidance=guidance),
             "credentials": Credentials(policy_api_key=dg.EnvVar("HANDHOLD_POLICY_API_KEY"),
-                                       teacher_api_key=dg.EnvVar("ANTHROPIC_API_KEY"))}
+                                       teacher_api_key=dg.EnvVar("ANTHROPIC_API_KEY"),
+                                       hub_token=dg.EnvVar("HF_TOKEN"))}
 
 
 def missing_prod_env(environ: dict) -> list[str]:
@@ -49,7 +52,8 @@ def definitions(deployment: str = "local") -> dg.Definitions:
                                    description="The whole graph: environments to trained policy.")
     nightly = dg.ScheduleDefinition(name="nightly", job=main_job, cron_schedule="0 2 * * *",
                                     default_status=dg.DefaultScheduleStatus.STOPPED)
-    return dg.Definitions(assets=all_assets, jobs=[main_job], schedules=[nightly], resources=resources(deployment))
+    return dg.Definitions(assets=all_assets, asset_checks=dataset_checks, jobs=[main_job], schedules=[nightly],
+                          resources=resources(deployment))
 
 
 defs = definitions("local")

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.agent.factory import PolicySpec
+from pipeline.datasets.build import DatasetConfig
+from pipeline.datasets.publish import PublishConfig
 from pipeline.guidance.rescue import GuidanceConfig
 from pipeline.rollouts import RolloutConfig
 from pipeline.tasks.synth import SynthConfig
@@ -62,6 +64,10 @@ class HandholdConfig:
     """Batches of attempts: group size, concurrency, retries, agent and sandbox limits, grading."""
     guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
     """Which guidance failed tasks get, the teacher, and the action-prefix search."""
+    datasets: DatasetConfig = field(default_factory=DatasetConfig)
+    """How graded attempts become DPO pairs, ActGuide groups and SFT examples, and the train/test split."""
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    """Where the exported dataset folder is published on the Hugging Face Hub (the token comes from HF_TOKEN)."""
 
 
 class SettingsError(ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dagster as dg
 import polars as pl
 
+from assets.datasets import dataset_checks
 from assets.definitions import all_assets
 from assets.resources import Credentials, HandholdSettings
 from pipeline.cli import run_config
@@ -18,8 +19,8 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
                                 rollout={"attempts": 2, "agent": {"max_steps": 30}},
                                 guidance={"compare_linear": False})
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize(all_assets, resources={"settings": settings, "credentials": Credentials()},
-                            instance=instance)
+    result = dg.materialize([*all_assets, *dataset_checks], instance=instance,
+                            resources={"settings": settings, "credentials": Credentials()})
     assert result.success
     meta = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
             for e in result.get_asset_materialization_events()}
@@ -40,6 +41,16 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert guided.height == 2 * len(accepted) >= 2
     assert sorted(set(guided["guidance_kind"])) == sorted({p.kind for p in accepted})
     assert meta["guided_rollouts"]["lost_patches"].value == 0
+
+    checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"dpo_rows_hold_no_guidance": True, "no_infra_error_attempts": True,
+                      "splits_are_disjoint_by_task": True, "export_has_no_secrets": True}
+    exported = {k: sum(v.values()) for k, v in meta["dataset_export"]["rows"].value.items()}
+    for kind in ("dpo", "actguide", "sft"):
+        assert exported.get(kind, 0) == meta[f"{kind}_dataset"]["rows"].value
+    assert meta["actguide_dataset"]["rows"].value == len({p.instance_id for p in accepted if p.kind == "action"})
+    assert exported["trajectories"] == unguided.height + guided.height and exported["tasks"] == 2
+    assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
 
 
 def test_cli_run_config(tmp_path):

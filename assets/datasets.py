@@ -1,0 +1,164 @@
+"""Assets that turn graded trajectories into training sets: DPO, ActGuide and SFT rows, the exported
+Hugging Face dataset folder, and its publication on the Hub; with the checks that must hold first."""
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import dagster as dg
+import polars as pl
+
+from assets.resources import Credentials, HandholdSettings
+from pipeline.datasets import read_dataset, update_datasets
+from pipeline.datasets.export import CardInfo, export_dataset
+from pipeline.datasets.pairs import row_text
+from pipeline.datasets.publish import publish_dataset
+from pipeline.datasets.secrets import scan_tables
+from pipeline.records import TASK_SCHEMA, Task
+from pipeline.store import read_records
+
+KINDS = ("dpo", "actguide", "sft")
+PREVIEW_ROWS = 5
+
+
+def _tasks(settings: HandholdSettings) -> list[Task]:
+    return [Task.from_row(r) for r in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA,
+                                                   produced_by="tasks")]
+
+
+def _trajectories(settings: HandholdSettings) -> pl.DataFrame:
+    """Every stored unguided and guided attempt of every batch (the compacted files)."""
+    files = sorted(settings.path("trajectories").glob("*/*/trajectories.parquet"))
+    files = [f for f in files if f.parent.parent.name in ("unguided", "guided")]
+    return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed") if files else pl.DataFrame()
+
+
+def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
+    """The first rows' identifying columns, as a Markdown table."""
+    columns = [c for c in ("instance_id", "split", "chosen_source", "K", "k_star", "source", "prompt_tokens")
+               if c in frame.columns]
+    if not columns or not frame.height:
+        return dg.MetadataValue.md("(no rows)")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.select(columns).head(PREVIEW_ROWS).rows()]
+    return dg.MetadataValue.md("\n".join(lines))
+
+
+@dg.multi_asset(
+    specs=[dg.AssetSpec(f"{kind}_dataset", group_name="datasets", kinds={"parquet"}, deps=["guided_rollouts"],
+                        description=desc) for kind, desc in [
+        ("dpo", "DPO pairs in TRL's conversational preference format: the unguided prompt, a guided or unguided "
+                "success as chosen, an unguided failure as rejected."),
+        ("actguide", "ActGuide groups: unguided and guided prompt, reference actions, K and k*, every attempt."),
+        ("sft", "Successful attempts as messages on the unguided prompt, for SFTTrainer.")]],
+    can_subset=False)
+def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSettings) -> Iterator[dg.MaterializeResult]:
+    """Build every batch's rows that are missing or stale (incremental), then report each dataset."""
+    config = settings.resolved().datasets
+    gold = {t.instance_id: t.patch for t in _tasks(settings)}
+    out = settings.path("datasets", "rows")
+    report = update_datasets(settings.path(), out, config, gold)
+    for skipped in report.skipped_files:
+        context.log.warning(f"skipped {skipped}")
+    for kind in KINDS:
+        rows = read_dataset(out, kind)
+        split = rows.group_by("split").len().sort("split").rows() if rows.height else []
+        yield dg.MaterializeResult(asset_key=f"{kind}_dataset", metadata={
+            "path": str(out / kind), "rows": rows.height, "splits": {s: n for s, n in split},
+            "tasks": rows["instance_id"].n_unique() if rows.height else 0,
+            "batches_built": report.built, "batches_reused": report.reused, "token_counter": report.token_counter,
+            "dropped": {k: v for k, v in report.dropped.items() if k.startswith(f"{kind}.") or "." not in k},
+            "preview": _preview(rows)})
+
+
+@dg.asset_check(asset="dpo_dataset", blocking=True, description="No DPO row holds any guidance text.")
+def dpo_rows_hold_no_guidance(settings: HandholdSettings) -> dg.AssetCheckResult:
+    rows, trajectories = read_dataset(settings.path("datasets", "rows"), "dpo"), _trajectories(settings)
+    texts = [t for t in trajectories["guidance_text"].unique().to_list() if t] if trajectories.height else []
+    leaks: list[int] = []
+    if rows.height:
+        text = rows.select(pl.concat_str([row_text(pl.col(c)) for c in ("prompt", "chosen", "rejected")]
+                                         + [pl.col("tools")], separator="\x1e").alias("text"))["text"]
+        for t in texts:
+            leaks += [i for i, hit in enumerate(text.str.contains(t, literal=True).to_list()) if hit]
+    return dg.AssetCheckResult(passed=not leaks, metadata={"rows": rows.height, "guidance_texts": len(texts),
+                                                             "leaking_rows": sorted(set(leaks))[:20]})
+
+
+@dg.asset_check(asset="dpo_dataset", blocking=True, description="No row comes from an attempt with an infra error.")
+def no_infra_error_attempts(settings: HandholdSettings) -> dg.AssetCheckResult:
+    trajectories = _trajectories(settings)
+    bad = set(trajectories.filter(pl.col("infra_error") != "")["rollout_id"].to_list()) if trajectories.height else set()
+    out, used = settings.path("datasets", "rows"), set()
+    dpo, sft = read_dataset(out, "dpo"), read_dataset(out, "sft")
+    used |= set(dpo["chosen_rollout_id"].to_list()) | set(dpo["rejected_rollout_id"].to_list())
+    used |= set(sft["rollout_id"].to_list())
+    return dg.AssetCheckResult(passed=not (bad & used), metadata={"infra_attempts": len(bad),
+                                                                  "used": sorted(bad & used)[:20]})
+
+
+def _split_overlap(settings: HandholdSettings) -> dict[str, list[str]]:
+    out = settings.path("datasets", "rows")
+    overlap = {}
+    for kind in KINDS:
+        rows = read_dataset(out, kind)
+        both = rows.group_by("instance_id").agg(pl.col("split").n_unique().alias("n")).filter(pl.col("n") > 1)
+        overlap[kind] = both["instance_id"].to_list()
+    return overlap
+
+
+@dg.asset_check(asset="dpo_dataset", blocking=True, description="Train and test share no task, in any dataset.")
+def splits_are_disjoint_by_task(settings: HandholdSettings) -> dg.AssetCheckResult:
+    overlap = _split_overlap(settings)
+    return dg.AssetCheckResult(passed=not any(overlap.values()), metadata={k: v[:20] for k, v in overlap.items()})
+
+
+def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
+    out = settings.path("datasets", "rows")
+    tables = {kind: read_dataset(out, kind) for kind in KINDS}
+    tables["trajectories"] = _trajectories(settings)
+    tables["tasks"] = pl.read_parquet(settings.path("tasks", "tasks.parquet"))
+    return tables
+
+
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in KINDS])
+def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+    """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram."""
+    config, batch = settings.resolved(), settings.batch_name(context)
+    plans = [pl.read_parquet(f) for f in sorted(settings.path("guidance").glob("*/guidance.parquet"))]
+    folder = settings.path("datasets", "hf")
+    report = export_dataset(folder, _export_tables(settings),
+                            CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id),
+                            plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
+    return dg.MaterializeResult(metadata={
+        "path": str(folder), "rows": report.rows, "files": len(report.files), "empty": list(report.empty),
+        "load_with": f'datasets.load_dataset("{folder}", "dpo")'})
+
+
+@dg.asset_check(asset="dataset_export", blocking=True, description="Every exported row passed the secret scan.")
+def export_has_no_secrets(settings: HandholdSettings) -> dg.AssetCheckResult:
+    tables = {name: {"all": frame} for name, frame in _export_tables(settings).items() if frame.height}
+    findings = scan_tables(tables)
+    return dg.AssetCheckResult(passed=not findings, metadata={"findings": [f.describe() for f in findings[:20]],
+                                                              "tables": sorted(tables)})
+
+
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[dataset_export])
+def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSettings,
+                    credentials: Credentials) -> dg.MaterializeResult:
+    """The exported folder pushed to the Hub as one commit; skipped, saying why, without a repo or a token."""
+    config, batch = settings.resolved().publish, settings.batch_name(context)
+    token = credentials.hub_token or os.environ.get("HF_TOKEN", "")
+    if not config.repo_id or not (token or config.dry_run):
+        why = "no publish.repo_id is set" if not config.repo_id else "no Hub token (HF_TOKEN) is set"
+        context.log.info(f"publication skipped: {why}")
+        return dg.MaterializeResult(metadata={"published": False, "skipped": why})
+    result = publish_dataset(Path(settings.path("datasets", "hf")), config, run_id=batch, token=token)
+    return dg.MaterializeResult(metadata={
+        "published": not result.dry_run, "repo_id": result.repo_id, "revision": result.revision,
+        "private": result.private, "files": len(result.files), "bytes": result.total_bytes,
+        "commit": result.commit_url or "(dry run)"})
+
+
+dataset_checks = [dpo_rows_hold_no_guidance, no_infra_error_attempts, splits_are_disjoint_by_task,
+                  export_has_no_secrets]

@@ -1,0 +1,346 @@
+"""Build the DPO, ActGuide and SFT datasets from stored trajectories, one batch at a time.
+
+Layout under the output folder: `{dpo,actguide,sft}/<batch>.parquet` (one shard per batch and
+kind, every row with its `split`) and `manifest.json`, which records for each built batch the
+input files it read (size, mtime), the gold patches of its tasks and its counts. An update builds
+only the batches whose inputs changed or that are new, and those after them in name order: rows
+are deduplicated against every earlier batch, so the shards together equal one build of all
+batches in order, whatever the history. `datasets.load_dataset("parquet", data_files=...)` reads
+the shards as they are (`dataset_files`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, PROBE_SUFFIX, SFT_SCHEMA, USED, actguide_rows,
+                                     candidates, dpo_rows, prepare, sft_rows)
+from pipeline.datasets.splits import Counter, token_counter
+from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
+from pipeline.store import check_contract
+
+BUILDER_VERSION = "2"  # bump when a rule changes: every batch is rebuilt
+KINDS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
+SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
+MANIFEST = "manifest.json"
+CHUNK = 4000  # trajectories built at once: memory stays bounded whatever the size of a batch
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """How graded trajectories become DPO pairs, ActGuide groups and SFT examples."""
+
+    pairs_per_task: int = 4
+    """Most DPO pairs per task and batch."""
+    rejected: Literal["all", "shortest", "random"] = "all"
+    """Which unguided failures pair: 'all' (each distinct one), the 'shortest' one, or one drawn at 'random' (seed)."""
+    chosen_sources: Literal["guided_and_unguided", "guided_only", "unguided_only"] = "guided_and_unguided"
+    """Which successes are chosen (and SFT rows): guided ones, their prompt without the guidance (Agent-RLVR),
+    unguided ones, or both."""
+    include_probes: bool = True
+    """Successful action-prefix probes count as guided successes (they are never ActGuide group members)."""
+    max_prompt_tokens: int = 8192
+    """Attempts whose unguided prompt counts more tokens are left out, and counted; 0: no limit."""
+    max_completion_tokens: int = 32768
+    """Attempts whose completion counts more tokens are left out, and counted; 0: no limit."""
+    tokenizer: str = ""
+    """Tokenizer (local path or Hub name) that counts tokens; '': ceil(characters / 4) + 4 per message,
+    reported as such."""
+    test_fraction: float = 0.1
+    """Share of tasks in the test split, by a hash of the instance id (stable across rebuilds)."""
+    seed: int = 0
+    """Seed of the 'random' rejected draw (the splits do not depend on it)."""
+    skip_bad_files: bool = False
+    """Build on without trajectory files that cannot be read (each reported with why) instead of stopping."""
+
+    def __post_init__(self) -> None:
+        if self.pairs_per_task < 1:
+            raise ValueError(f"DatasetConfig.pairs_per_task is {self.pairs_per_task}; it must be at least 1")
+        if not 0.0 <= self.test_fraction <= 1.0:
+            raise ValueError(f"DatasetConfig.test_fraction is {self.test_fraction}; it must lie in [0, 1]")
+        if self.max_prompt_tokens < 0 or self.max_completion_tokens < 0:
+            raise ValueError("DatasetConfig.max_prompt_tokens / max_completion_tokens must be >= 0 (0: no limit)")
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A trajectory file left out of a build, and why."""
+
+    path: str
+    reason: str
+
+
+class BadTrajectoryFile(ValueError):
+    """A trajectory file this version cannot read; the message names the file and the fix."""
+
+
+@dataclass
+class BatchRows:
+    """The rows one build made (polars frames of the KINDS schemas' columns) and what it left out, by reason."""
+
+    dpo: pl.DataFrame
+    actguide: pl.DataFrame
+    sft: pl.DataFrame
+    dropped: dict[str, int]
+
+
+def trajectory_frame(trajectories: Iterable[Trajectory]) -> pl.DataFrame:
+    """Trajectory records as a frame of their stored columns."""
+    return pl.from_arrow(pa.Table.from_pylist([to_row(t) for t in trajectories], schema=TRAJECTORY_SCHEMA))
+
+
+def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: DatasetConfig,
+               gold: dict[str, str] | None = None, seen: dict[str, pl.DataFrame] | None = None,
+               count: Counter | None = None) -> BatchRows:
+    """DPO, ActGuide and SFT rows of one or more batches of trajectories (pure: no I/O).
+
+    `gold` maps instance ids to gold patches (chosen attempts holding one are left out); `seen`
+    holds the SEEN_KEYS columns of rows already in the dataset, never made again.
+    """
+    frame = trajectories if isinstance(trajectories, pl.DataFrame) else trajectory_frame(trajectories)
+    if not config.include_probes:
+        frame = frame.filter(~pl.col("batch").str.ends_with(PROBE_SUFFIX))
+    t, dropped = prepare(frame, config, count or token_counter(config.tokenizer)[0], gold)
+    chosen, rejected, pool_dropped = candidates(t, config)
+    dpo, dpo_dropped = dpo_rows(chosen, rejected, config, (seen or {}).get("dpo"))
+    sft, sft_dropped = sft_rows(chosen, config, (seen or {}).get("sft"))
+    actguide, act_dropped = actguide_rows(t, config)
+    for prefix, counts in [("", pool_dropped), ("dpo.", dpo_dropped), ("sft.", sft_dropped),
+                           ("actguide.", act_dropped)]:
+        dropped.update({prefix + k: v for k, v in counts.items()})
+    return BatchRows(dpo, actguide, sft, dropped)
+
+
+def read_trajectory_file(path: str | os.PathLike) -> pl.DataFrame:
+    """The columns the builders use from one trajectory file; BadTrajectoryFile when it cannot be read."""
+    fix = ("rerun the rollouts that wrote it with this version of handhold, or move it away; "
+           "datasets.skip_bad_files: true builds without it")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise BadTrajectoryFile(f"{path}: not a readable Parquet file ({exc}); {fix}") from exc
+    problem = check_contract(schema, TRAJECTORY_SCHEMA)
+    if problem:
+        raise BadTrajectoryFile(f"{path} {problem}; {fix}")
+    try:
+        return pl.read_parquet(path, columns=USED)
+    except (pl.exceptions.PolarsError, pa.ArrowException, OSError) as exc:
+        raise BadTrajectoryFile(f"{path}: corrupt Parquet data ({exc}); {fix}") from exc
+
+
+def read_trajectories(paths: Iterable[Path], skip_bad_files: bool = False) -> tuple[pl.DataFrame, list[SkippedFile]]:
+    """Every file's rows in file order (`prepare` keeps the last of a repeated rollout_id: shards are
+    newer than the compacted file); a bad file raises, or with `skip_bad_files` is left out and reported."""
+    frames, skipped = [], []
+    for path in paths:
+        try:
+            frames.append(read_trajectory_file(path))
+        except BadTrajectoryFile as exc:
+            if not skip_bad_files:
+                raise
+            skipped.append(SkippedFile(str(path), str(exc)))
+    if not frames:
+        return pl.from_arrow(TRAJECTORY_SCHEMA.empty_table().select(USED)), skipped
+    return pl.concat(frames, how="vertical"), skipped
+
+
+def batch_names(data_dir: str | os.PathLike) -> list[str]:
+    """Batches with stored trajectories (unguided, guided or probes), in name order."""
+    root = Path(data_dir) / "trajectories"
+    return sorted({p.name for origin in ("unguided", "guided", "probes") for p in (root / origin).glob("*")
+                   if p.is_dir() and not p.name.startswith(".")})
+
+
+def trajectory_files(data_dir: str | os.PathLike, batch: str, include_probes: bool = True) -> list[Path]:
+    """A batch's trajectory files: each folder's compacted file, then its shards."""
+    root = Path(data_dir) / "trajectories"
+    folders = [root / "unguided" / batch, root / "guided" / batch]
+    if include_probes:
+        folders += sorted(p for p in (root / "probes" / batch).glob("*") if p.is_dir())
+    return [f for folder in folders
+            for f in [folder / "trajectories.parquet", *sorted((folder / "shards").glob("*.parquet"))] if f.exists()]
+
+
+def rows_table(rows: pl.DataFrame, schema: pa.Schema) -> pa.Table:
+    """Rows as an Arrow table of exactly `schema` (types, nullability and metadata)."""
+    table = rows.select(schema.names).to_arrow(compat_level=pl.CompatLevel.oldest())
+    return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(table.columns, schema)], schema=schema)
+
+
+@dataclass
+class BuildReport:
+    """What an update did: batches built, reused and removed; rows and leftovers over all batches."""
+
+    built: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    skipped_files: list[SkippedFile] = field(default_factory=list)
+    token_counter: str = ""
+
+
+def _fingerprint(config: DatasetConfig) -> str:
+    """What every row depends on besides the inputs: the settings, the rules and the row schemas."""
+    versions = {k: s.metadata[b"schema_version"].decode() for k, s in KINDS.items()}
+    key = json.dumps([BUILDER_VERSION, versions, dataclasses.asdict(config)], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _stamps(paths: list[Path], data_dir: Path) -> list[list]:
+    return [[str(p.relative_to(data_dir)), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
+
+
+def _gold_digest(gold: dict[str, str] | None, instance_ids: list[str]) -> str:
+    pairs = [[i, (gold or {}).get(i, "")] for i in instance_ids]
+    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
+
+
+def read_manifest(out_dir: str | os.PathLike) -> dict:
+    """The output folder's manifest ({} when none was written)."""
+    path = Path(out_dir) / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_manifest(out_dir: Path, manifest: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=out_dir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out_dir / MANIFEST)
+
+
+def shard(out_dir: str | os.PathLike, kind: str, batch: str) -> Path:
+    return Path(out_dir) / kind / f"{batch}.parquet"
+
+
+def _seen(out_dir: Path, batches: list[str]) -> dict[str, pl.DataFrame]:
+    """The dedup keys of the rows of `batches` (already built)."""
+    return {kind: pl.concat([pl.read_parquet(shard(out_dir, kind, b), columns=keys) for b in batches])
+            for kind, keys in SEEN_KEYS.items() if batches}
+
+
+def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, config: DatasetConfig,
+                    gold: dict[str, str] | None = None) -> BuildReport:
+    """Build the batches under `data_dir` whose rows are missing or stale into `out_dir`; reuse the rest."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    count, counter_name = token_counter(config.tokenizer)
+    manifest = read_manifest(out_dir)
+    fingerprint, previous = _fingerprint(config), manifest.get("batches", {})
+    old = previous if manifest.get("fingerprint") == fingerprint else {}  # other settings: rebuild all
+    manifest = {"fingerprint": fingerprint, "config": dataclasses.asdict(config), "token_counter": counter_name,
+                "batches": {}}
+    report, names = BuildReport(token_counter=counter_name), batch_names(data_dir)
+    for i, name in enumerate(names):
+        files = trajectory_files(data_dir, name, config.include_probes)
+        entry = old.get(name)
+        if (not report.built and entry and entry["files"] == _stamps(files, data_dir) and entry["before"] == names[:i]
+                and entry["gold"] == _gold_digest(gold, entry["instance_ids"])):
+            manifest["batches"][name] = entry
+            report.reused.append(name)
+            continue
+        manifest["batches"][name] = _build_batch(data_dir, out_dir, name, names[:i], files, config, gold, count)
+        report.built.append(name)
+        _write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
+    for name in sorted(set(previous) - set(names)):
+        for kind in KINDS:
+            shard(out_dir, kind, name).unlink(missing_ok=True)
+        report.removed.append(name)
+    _write_manifest(out_dir, manifest)
+    for entry in manifest["batches"].values():
+        for key, value in entry["rows"].items():
+            report.rows[key] = report.rows.get(key, 0) + value
+        for key, value in entry["dropped"].items():
+            report.dropped[key] = report.dropped.get(key, 0) + value
+        report.skipped_files += [SkippedFile(**s) for s in entry["skipped"]]
+    return report
+
+
+def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], files: list[Path],
+                 config: DatasetConfig, gold: dict[str, str] | None, count: Counter) -> dict:
+    """Build one batch's shards, a chunk of tasks at a time; its manifest entry."""
+    stamps = _stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
+    frame, skipped = read_trajectories(files, config.skip_bad_files)
+    seen = _seen(out_dir, before)
+    parts = (build_rows(frame.filter(pl.col("instance_id").is_in(ids)), config, gold, seen, count)
+             for ids in task_chunks(frame))
+    rows, dropped = _write_shards(out_dir, name, parts)
+    ids = sorted(frame["instance_id"].unique().to_list())
+    return {"files": stamps, "before": before, "instance_ids": ids, "gold": _gold_digest(gold, ids),
+            "rows": rows, "dropped": dropped, "skipped": [dataclasses.asdict(s) for s in skipped]}
+
+
+def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]:
+    """Instance ids in name order, in runs of about `size` trajectories (a task is never cut): rows
+    are made per task, so building run by run gives the rows of one build, in the same order."""
+    counts = frame.group_by("instance_id").len().sort("instance_id")
+    runs = counts.with_columns(run=(pl.col("len").cum_sum() - pl.col("len")) // (size or CHUNK))
+    return [ids.to_list() for ids in runs.group_by("run", maintain_order=True).agg("instance_id")["instance_id"]]
+
+
+def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]) -> tuple[dict[str, int], dict[str, int]]:
+    """Append each part's rows to the batch's shard of each kind (temporary names, renamed at the end);
+    a part is written while the next is built. Returns the row counts and the summed leftovers."""
+    paths = {kind: shard(out_dir, kind, batch) for kind in KINDS}
+    tmps = {kind: _temporary(path) for kind, path in paths.items()}
+    writers = {kind: pq.ParquetWriter(tmps[kind], schema, compression="zstd") for kind, schema in KINDS.items()}
+    rows, dropped, pending = dict.fromkeys(KINDS, 0), {}, []
+
+    def append(kind: str, part: BatchRows) -> None:
+        table = rows_table(getattr(part, kind), KINDS[kind])
+        if table.num_rows:
+            writers[kind].write_table(table)
+
+    try:
+        with ThreadPoolExecutor(len(KINDS)) as pool:  # Arrow encodes and compresses without the GIL
+            for part in parts:
+                for done in pending:
+                    done.result()
+                pending = [pool.submit(append, kind, part) for kind in KINDS]
+                for kind in KINDS:
+                    rows[kind] += getattr(part, kind).height
+                for key, value in part.dropped.items():
+                    dropped[key] = dropped.get(key, 0) + value
+            for done in pending:
+                done.result()
+        for kind, writer in writers.items():
+            writer.close()
+            os.chmod(tmps[kind], 0o644)
+            os.replace(tmps[kind], paths[kind])
+    finally:
+        for kind, writer in writers.items():
+            writer.close()
+            Path(tmps[kind]).unlink(missing_ok=True)
+    return rows, dropped
+
+
+def _temporary(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return tmp
+
+
+def dataset_files(out_dir: str | os.PathLike, kind: str) -> list[str]:
+    """The shards of one kind in batch order, for `datasets.load_dataset("parquet", data_files=...)`."""
+    return [str(shard(out_dir, kind, b)) for b in read_manifest(out_dir).get("batches", {})]
+
+
+def read_dataset(out_dir: str | os.PathLike, kind: str, split: str | None = None) -> pl.DataFrame:
+    """All rows of one kind (optionally one split), in batch order."""
+    files = dataset_files(out_dir, kind)
+    frame = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.from_arrow(KINDS[kind].empty_table())
+    return frame if split is None else frame.filter(pl.col("split") == split)

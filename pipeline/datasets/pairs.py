@@ -1,0 +1,321 @@
+"""Training rows from graded trajectories: DPO pairs, SFT examples, ActGuide groups (polars, no I/O).
+
+`prepare` turns one or more batches of trajectories (TRAJECTORY_SCHEMA columns) into usable
+attempts, counting what it leaves out; `dpo_rows`, `sft_rows` and `actguide_rows` make rows of the
+schemas below from them. Messages leave in TRL's conversational form: OpenAI chat dicts whose tool
+calls are structured `{"id", "type": "function", "function": {"name", "arguments"}}` with
+`arguments` kept a JSON string, as OpenAI sends it (why: `arguments_as_objects`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from pipeline.datasets.splits import Counter, split_column
+from pipeline.records import BOOL, FLOAT, INT, STR, columns, record_schema
+
+if TYPE_CHECKING:
+    from pipeline.datasets.build import DatasetConfig
+
+CALL_TYPE = pa.struct([pa.field("id", STR), pa.field("type", STR),
+                       pa.field("function", pa.struct([pa.field("name", STR), pa.field("arguments", STR)]))])
+CHAT_MESSAGE_TYPE = pa.struct([pa.field("role", STR, nullable=False), pa.field("content", STR),
+                               pa.field("tool_calls", pa.list_(CALL_TYPE)), pa.field("tool_call_id", STR)])
+CHAT = pa.list_(CHAT_MESSAGE_TYPE)
+CALLS = pl.List(pl.Struct({"id": pl.String, "type": pl.String,
+                           "function": pl.Struct({"name": pl.String, "arguments": pl.String})}))
+
+DPO_SCHEMA = record_schema(columns(
+    ("prompt", CHAT), ("chosen", CHAT), ("rejected", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR),
+    ("batch", STR), ("chosen_source", STR), ("chosen_rollout_id", STR), ("rejected_rollout_id", STR),
+    ("prompt_tokens", INT), ("chosen_tokens", INT), ("rejected_tokens", INT), ("chosen_hash", STR),
+    ("rejected_hash", STR)), "1", "PreferencePair")
+SFT_SCHEMA = record_schema(columns(
+    ("messages", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR), ("batch", STR), ("source", STR),
+    ("rollout_id", STR), ("reward", FLOAT), ("prompt_tokens", INT), ("completion_tokens", INT),
+    ("completion_hash", STR)), "1", "SFTExample")
+MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", STR), pa.field("sample_index", INT),
+                         pa.field("reward", FLOAT), pa.field("resolved", BOOL), pa.field("completion", CHAT),
+                         pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32())))])
+ACTGUIDE_SCHEMA = record_schema(columns(
+    ("prompt", CHAT), ("guided_prompt", CHAT), ("tools", STR), ("actions", STR), ("K", INT), ("k_star", INT),
+    ("trajectories", pa.list_(MEMBER_TYPE)), ("instance_id", STR), ("split", STR), ("batch", STR),
+    ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "1", "ActionGuidanceGroup")
+"""`trajectories`: every usable attempt of the task's unguided group and of its action-guided group,
+`sampled_under` 'unguided' or 'guided'; `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
+
+PROBE_SUFFIX = "-probes"  # rescue.probe_batch stores the probes of batch B under batch B-probes
+KIND_ORDER = ("plan", "environment_feedback", "environment_interaction", "action")  # teacher.KINDS + action
+ORIGIN_ORDER = ("unguided", "guided", "probe")  # chosen candidates: on-policy successes first
+
+
+def chat(messages: pl.Expr) -> pl.Expr:
+    """Stored messages (tool calls as JSON text) as chat messages with structured tool calls."""
+    return messages.list.eval(pl.element().struct.with_fields(pl.field("tool_calls").str.json_decode(CALLS)))
+
+
+def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose tool-call `arguments` are parsed objects, for templates that `tojson` them.
+
+    Rows keep `arguments` a JSON string: a dict column would be widened by Arrow into one struct of
+    every tool's argument names, null-filled, which templates then render. Qwen2.5's template does
+    `tool_call.arguments | tojson` and would double-encode a string, so a training script calls this
+    in its own tokenization step (not in a `Dataset.map`, whose output is Arrow again).
+    """
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"],
+                                                        "arguments": json.loads(c["function"]["arguments"] or "{}")}}
+                                     for c in calls]}
+        out.append(m)
+    return out
+
+
+def _sha256(texts: pl.Series) -> pl.Series:
+    """sha256 hex of each string, hashed from the Arrow buffer in place (no Python string per row)."""
+    array = texts.fill_null("").rechunk().to_arrow(compat_level=pl.CompatLevel.oldest()).cast(pa.large_string())
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int64)[array.offset:array.offset + len(array) + 1]
+    data = memoryview(data or b"")
+    return pl.Series([hashlib.sha256(data[a:b]).hexdigest() for a, b in zip(offsets[:-1], offsets[1:])],
+                     dtype=pl.String)
+
+
+def canonical(messages: pl.Expr) -> pl.Expr:
+    """Stored messages as one text: fields joined by \\x1f, messages by \\x1e (what the hashes cover)."""
+    m = pl.element().struct
+    return messages.list.eval(pl.concat_str(
+        [m.field("role"), m.field("content").fill_null(""), m.field("tool_calls").fill_null(""),
+         m.field("tool_call_id").fill_null("")], separator="\x1f")).list.join("\x1e").fill_null("")
+
+
+def digest(text: pl.Expr) -> pl.Expr:
+    return text.map_batches(_sha256, return_dtype=pl.String)
+
+
+def row_text(chat_messages: pl.Expr) -> pl.Expr:
+    """Every string a chat-message list puts in a row: contents, tool names, tool arguments."""
+    m, call = pl.element().struct, pl.element().struct.field("function").struct
+    calls = m.field("tool_calls").list.eval(pl.concat_str([call.field("name"), call.field("arguments")],
+                                                          separator="\x1f")).list.join("\x1e")
+    return chat_messages.list.eval(pl.concat_str([m.field("content").fill_null(""), calls.fill_null("")],
+                                                 separator="\x1f")).list.join("\x1e").fill_null("")
+
+
+def normalized_patch(patch: pl.Expr) -> pl.Expr:
+    """A diff without what depends on the tool that wrote it (git `index` lines, hunk-header context)."""
+    return (patch.str.replace_all(r"(?m)^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "")
+            .str.replace_all(r"(?m)^(@@ [^@]* @@).*$", "$1").str.strip_chars())
+
+
+def with_task_keys(frame: pl.DataFrame) -> pl.DataFrame:
+    """Adds the build batch (probes count under their batch), origin, source and source rank."""
+    kind, batch = pl.col("guidance_kind"), pl.col("batch")
+    origin = (pl.when(batch.str.ends_with(PROBE_SUFFIX)).then(pl.lit("probe"))
+              .when(kind == "none").then(pl.lit("unguided")).otherwise(pl.lit("guided")))
+    kind_rank = kind.replace_strict(list(KIND_ORDER), list(range(len(KIND_ORDER))), default=len(KIND_ORDER),
+                                    return_dtype=pl.Int64)
+    return frame.with_columns(
+        base_batch=batch.str.strip_suffix(PROBE_SUFFIX), origin=origin,
+        source=pl.when(kind == "none").then(pl.lit("unguided")).otherwise("guided:" + kind),
+    ).with_columns(source_rank=pl.col("origin").replace_strict(list(ORIGIN_ORDER), [0, 1, 2],
+                                                               return_dtype=pl.Int64) * 10 + kind_rank)
+
+
+def order_pairs() -> pl.Expr:
+    """Pair order within a task: first every candidate at least once (chosen and rejected zipped, the
+    shorter list cycled), then the remaining combinations by (chosen rank, rejected rank)."""
+    ci, rj, n_c, n_r = pl.col("ci"), pl.col("rj"), pl.col("n_chosen"), pl.col("n_rejected")
+    zipped = pl.when(n_c >= n_r).then(ci % n_r == rj).otherwise(rj % n_c == ci)
+    position = pl.when(n_c >= n_r).then(ci).otherwise(rj)
+    return pl.when(zipped).then(position).otherwise(pl.max_horizontal(n_c, n_r) + ci * n_r + rj)
+
+
+class GuidanceLeakError(AssertionError):
+    """A stored unguided prompt holds its attempt's guidance text: a fault upstream, never a training row."""
+
+
+TASK = ["base_batch", "instance_id"]
+USED = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
+        "guidance_actions", "guidance_k", "prompt", "unguided_prompt", "messages", "tools", "logprobs", "patch",
+        "reward", "resolved", "infra_error", "quotes_guidance"]
+"""The trajectory columns the builders read."""
+
+
+def _drop(frame: pl.DataFrame, mask: pl.Expr, reason: str, dropped: dict[str, int]) -> pl.DataFrame:
+    kept = frame.filter(~mask)
+    dropped[reason] = dropped.get(reason, 0) + frame.height - kept.height
+    return kept
+
+
+def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: dict[str, str] | None = None
+            ) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Usable attempts with chat-form prompt and completion, hashes, token counts and gold-leak flag;
+    the rest counted by reason. `count` maps a stored-messages Series to token counts."""
+    dropped: dict[str, int] = {}
+    t = with_task_keys(frame.select(USED).unique("rollout_id", keep="last", maintain_order=True))
+    dropped["duplicate_rollout"] = frame.height - t.height
+    t = _drop(t, pl.col("infra_error") != "", "infra_error", dropped)  # not an attempt: never a failure
+    t = _drop(t, pl.col("quotes_guidance"), "quotes_guidance", dropped)
+    t = t.with_columns(completion_stored=pl.col("messages").list.slice(pl.col("prompt").list.len())).with_columns(
+        completion=chat(pl.col("completion_stored")), prompt_chat=chat(pl.col("unguided_prompt")),
+        guided_prompt_chat=chat(pl.col("prompt"))).drop("messages")
+    needle = pl.col("guidance_text")
+    leaked = t.filter((needle != "") & row_text(pl.col("prompt_chat")).str.contains(needle, literal=True))
+    if leaked.height:
+        row = leaked.row(0, named=True)
+        raise GuidanceLeakError(f"trajectory {row['rollout_id']} ({row['instance_id']}, batch {row['batch']}): its "
+                                "unguided_prompt holds its guidance text; fix what stored it and rerun the batch")
+    echoes = (row_text(pl.col("completion")).str.contains(needle, literal=True)
+              | pl.col("tools").str.contains(needle, literal=True))
+    echoed = t.filter(needle != "").filter(echoes)["rollout_id"]  # only guided rows have a text to look for
+    t = _drop(t, pl.col("rollout_id").is_in(echoed.implode()), "echoes_guidance", dropped)
+    tokens = {name: pl.col(source).map_batches(count, return_dtype=pl.Int64) for name, source in
+              [("prompt_tokens", "unguided_prompt"), ("guided_prompt_tokens", "prompt"),
+               ("completion_tokens", "completion_stored")]}
+    t = t.with_columns(**tokens)
+    too_long = ((pl.lit(config.max_prompt_tokens > 0) & (pl.col("prompt_tokens") > config.max_prompt_tokens))
+                | (pl.lit(config.max_completion_tokens > 0)
+                   & (pl.col("completion_tokens") > config.max_completion_tokens)))
+    t = _drop(t, too_long, "too_long", dropped)
+    golds = pl.DataFrame({"instance_id": list(gold or {}), "gold": list((gold or {}).values())},
+                         schema={"instance_id": pl.String, "gold": pl.String})
+    t = t.join(golds.with_columns(gold=normalized_patch(pl.col("gold"))), on="instance_id", how="left",
+               maintain_order="left")
+    # A correct fix often IS the gold patch (a one-line bug has one fix): that is kept. What is left out is a
+    # row whose text hands over the gold diff itself: in the task prompt, or written out by the assistant.
+    hunks = pl.col("gold").fill_null("").str.extract(r"(?s)(@@ .*)", 1).fill_null("")
+    shown = (row_text(pl.col("prompt_chat")) + "\x1e"
+             + row_text(pl.col("completion").list.filter(pl.element().struct.field("role") == "assistant")))
+    t = t.with_columns(
+        gold_leak=hunks.ne("") & shown.str.contains(hunks, literal=True),
+        completion_hash=digest(canonical(pl.col("completion_stored"))),
+        prompt_key=digest(canonical(pl.col("unguided_prompt")) + "\x1d" + pl.col("tools")),
+    ).drop("completion_stored", "gold", "patch", "prompt", "unguided_prompt")  # the chat forms are kept
+    return t, dropped
+
+
+def _ranked(pool: pl.DataFrame) -> pl.DataFrame:
+    return pool.with_columns(rank=pl.int_range(pl.len()).over(TASK), n=pl.len().over(TASK))
+
+
+def _unique_completions(pool: pl.DataFrame, dropped: dict[str, int]) -> pl.DataFrame:
+    """First of each distinct completion of a task, in the pool's order."""
+    return _drop(pool, ~pl.struct(TASK + ["completion_hash"]).is_first_distinct(), "duplicate_completion", dropped)
+
+
+def candidates(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
+    """(chosen, rejected, dropped): successes allowed by `chosen_sources`, without gold patches, and
+    unguided failures picked by `rejected`; each deduplicated by completion within its task."""
+    dropped: dict[str, int] = {}
+    origin = pl.col("origin")
+    allowed = {"guided_and_unguided": pl.lit(True), "guided_only": origin != "unguided",
+               "unguided_only": origin == "unguided"}[config.chosen_sources]
+    chosen = _drop(t.filter((pl.col("reward") > 0) & allowed), pl.col("gold_leak"), "gold_patch", dropped)
+    chosen = _unique_completions(chosen.sort(TASK + ["source_rank", "sample_index", "rollout_id"]), dropped)
+    rejected = t.filter((origin == "unguided") & (pl.col("reward") <= 0))
+    rejected = _unique_completions(rejected.sort(TASK + ["sample_index", "rollout_id"]), dropped)
+    if config.rejected == "shortest":
+        rejected = rejected.sort(TASK + ["completion_tokens", "sample_index", "rollout_id"])
+    elif config.rejected == "random":  # a seeded draw that does not depend on the row order
+        draw = digest(pl.lit(f"{config.seed}:") + pl.col("rollout_id"))
+        rejected = rejected.with_columns(draw=draw).sort(TASK + ["draw"]).drop("draw")
+    if config.rejected != "all":
+        rejected = rejected.unique(TASK, keep="first", maintain_order=True)
+    return _ranked(chosen), _ranked(rejected), dropped
+
+
+def _unseen(rows: pl.DataFrame, seen: pl.DataFrame | None, on: list[str], dropped: dict[str, int],
+            reason: str) -> pl.DataFrame:
+    """Rows whose key is not among `seen` (the keys of rows already in the dataset)."""
+    if seen is None or seen.is_empty():
+        dropped[reason] = 0
+        return rows
+    kept = rows.join(seen.select(on).unique(), on=on, how="anti", maintain_order="left")
+    dropped[reason] = rows.height - kept.height
+    return kept
+
+
+def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, config: "DatasetConfig",
+             seen: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
+    """DPO_SCHEMA rows: up to `pairs_per_task` (chosen, rejected) pairs per task and batch, in
+    `order_pairs` order; never identical completions, pairs across prompts, or keys in `seen`."""
+    dropped: dict[str, int] = {}
+    c = chosen.select(TASK + [pl.col("rank").alias("ci"), pl.col("n").alias("n_chosen"),
+                              pl.col("rollout_id").alias("chosen_rollout_id"),
+                              pl.col("completion_hash").alias("chosen_hash"), pl.col("prompt_key").alias("c_key")])
+    r = rejected.select(TASK + [pl.col("rank").alias("rj"), pl.col("n").alias("n_rejected"),
+                                pl.col("rollout_id").alias("rejected_rollout_id"),
+                                pl.col("completion_hash").alias("rejected_hash"), pl.col("prompt_key").alias("r_key")])
+    pairs = c.join(r, on=TASK, how="inner").with_columns(order=order_pairs())
+    pairs = _drop(pairs, pl.col("chosen_hash") == pl.col("rejected_hash"), "identical_pair", dropped)
+    pairs = _drop(pairs, pl.col("c_key") != pl.col("r_key"), "prompt_mismatch", dropped)
+    pairs = _unseen(pairs, seen, ["instance_id", "chosen_hash", "rejected_hash"], dropped, "seen_before")
+    pairs = pairs.sort(TASK + ["order"]).with_columns(slot=pl.int_range(pl.len()).over(TASK))
+    pairs = _drop(pairs, pl.col("slot") >= config.pairs_per_task, "over_pairs_per_task", dropped)
+    heavy_c = chosen.select(pl.col("rollout_id").alias("chosen_rollout_id"), "prompt_chat", "tools", "source",
+                            "prompt_tokens", pl.col("completion").alias("chosen"),
+                            pl.col("completion_tokens").alias("chosen_tokens"))
+    heavy_r = rejected.select(pl.col("rollout_id").alias("rejected_rollout_id"), pl.col("completion").alias("rejected"),
+                              pl.col("completion_tokens").alias("rejected_tokens"))
+    rows = (pairs.join(heavy_c, on="chosen_rollout_id", maintain_order="left")
+            .join(heavy_r, on="rejected_rollout_id", maintain_order="left"))
+    return rows.select(
+        pl.col("prompt_chat").alias("prompt"), "chosen", "rejected", "tools", "instance_id",
+        split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
+        pl.col("source").alias("chosen_source"), "chosen_rollout_id", "rejected_rollout_id", "prompt_tokens",
+        "chosen_tokens", "rejected_tokens", "chosen_hash", "rejected_hash"), dropped
+
+
+def sft_rows(chosen: pl.DataFrame, config: "DatasetConfig", seen: pl.DataFrame | None = None
+             ) -> tuple[pl.DataFrame, dict[str, int]]:
+    """SFT_SCHEMA rows: every chosen candidate as unguided prompt + completion, in candidate order."""
+    dropped: dict[str, int] = {}
+    rows = _unseen(chosen, seen, ["instance_id", "completion_hash"], dropped, "seen_before")
+    return rows.select(
+        pl.concat_list("prompt_chat", "completion").alias("messages"), "tools", "instance_id",
+        split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
+        "source", "rollout_id",
+        "reward", "prompt_tokens", "completion_tokens", "completion_hash"), dropped
+
+
+def _actions_json(actions: pl.Series) -> pl.Series:
+    """Reference actions as ActGuide's JSON `[{"name", "args"}]` (args parsed back from their JSON text)."""
+    return pl.Series([json.dumps([{"name": a["name"], "args": json.loads(a["args"])} for a in row], ensure_ascii=False)
+                      for row in actions.to_list()], dtype=pl.String)
+
+
+def actguide_rows(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFrame, dict[str, int]]:
+    """ACTGUIDE_SCHEMA rows: one per action-guided group (probes excluded: their hints have other k),
+    holding the task's unguided attempts and the group's guided attempts."""
+    dropped: dict[str, int] = {}
+    guided = t.filter((pl.col("origin") == "guided") & (pl.col("guidance_kind") == "action"))
+    heads = guided.sort(TASK + ["group_id", "sample_index", "rollout_id"]).unique("group_id", keep="first",
+                                                                                 maintain_order=True)
+    heads = _drop(heads, pl.lit(config.max_prompt_tokens > 0)
+                  & (pl.col("guided_prompt_tokens") > config.max_prompt_tokens), "too_long", dropped)
+    member = ["rollout_id", "sample_index", "reward", "resolved", "completion", "completion_tokens", "logprobs"]
+    unguided = (t.filter(pl.col("origin") == "unguided").drop("group_id")  # members take the guided group's id
+                .join(heads.select(TASK + ["group_id"]), on=TASK, maintain_order="left")
+                .select(["group_id"] + member).with_columns(sampled_under=pl.lit("unguided"), order=0))
+    members = pl.concat([unguided, guided.select(["group_id"] + member).with_columns(
+        sampled_under=pl.lit("guided"), order=1)], how="vertical_relaxed")
+    members = (members.sort("group_id", "order", "sample_index", "rollout_id")
+               .group_by("group_id", maintain_order=True)
+               .agg(trajectories=pl.struct("rollout_id", "sampled_under", "sample_index", "reward", "resolved",
+                                           "completion", "completion_tokens", "logprobs")))
+    rows = heads.join(members, on="group_id", maintain_order="left").sort(TASK + ["group_id"])
+    return rows.select(
+        pl.col("prompt_chat").alias("prompt"), pl.col("guided_prompt_chat").alias("guided_prompt"), "tools",
+        pl.col("guidance_actions").map_batches(_actions_json, return_dtype=pl.String).alias("actions"),
+        pl.col("guidance_actions").list.len().cast(pl.Int64).alias("K"), pl.col("guidance_k").alias("k_star"),
+        "trajectories", "instance_id", split_column("instance_id", config.test_fraction).alias("split"),
+        pl.col("base_batch").alias("batch"), "group_id", "prompt_tokens", "guided_prompt_tokens"), dropped

@@ -1,0 +1,288 @@
+"""Assistant-only DPO masking and turn-boundary truncation, on a real Qwen2.5 template and real TRL steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset, Features, Json, List
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import DPOConfig, SFTConfig, SFTTrainer
+from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
+from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+from pipeline.datasets.masking import (
+    AssistantOnlyDPOTrainer,
+    AssistantOnlyPreferenceCollator,
+    TruncationPolicy,
+    assistant_token_mask,
+    to_template_row,
+    tokenize_preference_row,
+    training_chat_template,
+)
+from training.tiny_model import build_tiny_model
+
+TOOLS = json.dumps([
+    {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {"name": "submit", "description": "Submit the patch.",
+                                      "parameters": {"type": "object", "properties": {}}}},
+])
+
+
+def call(call_id: str, name: str, **arguments) -> dict:
+    """A tool call as stored: arguments a JSON string."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def turn(content: str, *calls: dict) -> dict:
+    return {"role": "assistant", "content": content, "tool_calls": list(calls)}
+
+
+def observation(call_id: str, output: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def row(task: str, fix: str, wrong: str, system: str = "You fix bugs in the repository at /repo.") -> dict:
+    prompt = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+    chosen = [turn("Let me look first.", call("c1", "bash", command="ls")),
+              observation("c1", "exit code: 0\nsetup.py\ntoolz/"),
+              turn("", call("c2", "bash", command=fix)),
+              observation("c2", "exit code: 0\n3 passed"),
+              turn("Fixed.", call("c3", "submit"))]
+    rejected = [turn("", call("c1", "bash", command=wrong)),
+                observation("c1", "exit code: 1\nTraceback (most recent call last):\nSyntaxError"),
+                turn("Done.", call("c2", "submit"))]
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "tools": TOOLS}
+
+
+ROWS = [row("Fix the off-by-one in toolz.take.", "sed -i 's/n - 1/n/' toolz/itertoolz.py",
+            "rm -rf toolz"),
+        row("Make curry keep the docstring.", "python -m pytest -q toolz/tests", "echo done")]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    """The tiny tokenizer wearing Qwen2.5's own (unmarked) chat template, as shipped in TRL."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.chat_template = qwen2_5_chat_template
+    return tokenizer
+
+
+def render(tokenizer, messages, tools, **kwargs) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+
+
+def assistant_pieces(tokenizer, messages, tools) -> list[str]:
+    """Each assistant turn's text after its `<|im_start|>assistant` header, rendered message by message."""
+    pieces = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            before = render(tokenizer, messages[:i], tools) + "<|im_start|>assistant"
+            after = render(tokenizer, messages[: i + 1], tools)
+            assert after.startswith(before)  # the template renders earlier messages the same
+            pieces.append(after[len(before):])
+    return pieces
+
+
+def masked_text(tokenizer, ids, mask) -> str:
+    return tokenizer.decode([token for token, bit in zip(ids, mask, strict=True) if bit])
+
+
+def test_to_template_row_decodes_what_the_template_iterates_and_tojsons(tokenizer):
+    stored = dict(ROWS[0], prompt=[dict(m, tool_calls=None) for m in ROWS[0]["prompt"]])  # Arrow's fillers
+    template_row = to_template_row(stored)
+    assert template_row["tools"] == json.loads(TOOLS)
+    assert template_row["chosen"][0]["tool_calls"][0]["function"]["arguments"] == {"command": "ls"}
+    assert "tool_calls" not in template_row["prompt"][0]
+    text = render(tokenizer, template_row["prompt"] + template_row["chosen"], template_row["tools"])
+    assert '{"name": "bash", "arguments": {"command": "ls"}}' in text
+    assert '"name": "submit", "description": "Submit the patch."' in text
+    # The stored form would be double-encoded by Qwen2.5's `arguments | tojson`
+    raw = render(tokenizer, ROWS[0]["prompt"] + ROWS[0]["chosen"], json.loads(TOOLS))
+    assert '"arguments": "{\\"command\\": \\"ls\\"}"' in raw
+
+
+def test_mask_is_one_exactly_on_the_assistant_turns(tokenizer):
+    template_row = to_template_row(ROWS[0])
+    messages, tools = template_row["prompt"] + template_row["chosen"], template_row["tools"]
+    template = training_chat_template(tokenizer)
+    assert template == qwen2_5_training_chat_template  # TRL's marked twin of Qwen2.5
+
+    ids, mask = assistant_token_mask(tokenizer, messages, tools, template)
+
+    expected = "".join(assistant_pieces(tokenizer, messages, tools))
+    assert masked_text(tokenizer, ids, mask) == expected
+    assert expected.count("<|im_end|>") == 3 and expected.count("<tool_call>") == 3
+    # Same tokens as the original template; every tool observation and the task lie outside the mask
+    assert ids == tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"]
+    unmasked = masked_text(tokenizer, ids, [1 - bit for bit in mask])
+    for message in template_row["prompt"] + template_row["chosen"][1::2]:
+        assert message["content"] in unmasked
+
+
+def test_preference_row_scores_only_the_assistant_turns_of_each_completion(tokenizer):
+    template = training_chat_template(tokenizer)
+    out = tokenize_preference_row(ROWS[0], tokenizer, TruncationPolicy(max_length=None), template)
+    template_row = to_template_row(ROWS[0])
+    prompt, tools = template_row["prompt"], template_row["tools"]
+
+    assert tokenizer.decode(out["prompt_ids"]) == render(tokenizer, prompt, tools, add_generation_prompt=True)
+    for side in ("chosen", "rejected"):
+        messages = prompt + template_row[side]
+        assert tokenizer.decode(out["prompt_ids"] + out[f"{side}_ids"]) == render(tokenizer, messages, tools)
+        # The first turn's newline ends the prompt's generation prompt `<|im_start|>assistant\n`
+        expected = "".join(assistant_pieces(tokenizer, messages, tools))[1:]
+        assert masked_text(tokenizer, out[f"{side}_ids"], out[f"{side}_mask"]) == expected
+    assert not out["dropped"] and out["chosen_cut_tokens"] == out["rejected_cut_tokens"] == 0
+
+
+def rendered_length(tokenizer, template_row, side, end) -> int:
+    messages = template_row["prompt"] + template_row[side][:end]
+    return len(tokenizer.apply_chat_template(messages, tools=template_row["tools"], tokenize=True,
+                                             return_dict=True)["input_ids"])
+
+
+def expected_end(tokenizer, template_row, side, budget) -> int | None:
+    """Messages kept by a linear scan: all when they fit, else up to the last fitting assistant turn."""
+    completion = template_row[side]
+    if budget is None or rendered_length(tokenizer, template_row, side, len(completion)) <= budget:
+        return len(completion)
+    ends = [i + 1 for i, m in enumerate(completion) if m["role"] == "assistant"]
+    fitting = [end for end in ends if rendered_length(tokenizer, template_row, side, end) <= budget]
+    return fitting[-1] if fitting else None
+
+
+@pytest.mark.parametrize(("budget_end", "kept_chosen"), [
+    (None, 5),  # no budget: nothing cut
+    (5, 5),  # a budget of exactly the whole chosen side
+    (4, 3),  # room up to the second observation: it goes, with nothing after it to score
+    (3, 3),  # room up to the second assistant turn: the cut falls right after it
+    (0, None),  # room for the prompt alone: no turn fits, the row is dropped
+])
+def test_truncation_keeps_the_prompt_and_cuts_whole_turns(tokenizer, budget_end, kept_chosen):
+    template_row = to_template_row(ROWS[0])
+    # A budget that fits exactly the prompt and the chosen side's first `budget_end` messages
+    budget = None if budget_end is None else rendered_length(tokenizer, template_row, "chosen", budget_end)
+    out = tokenize_preference_row(ROWS[0], tokenizer, TruncationPolicy(max_length=budget),
+                                  training_chat_template(tokenizer))
+
+    kept = {side: expected_end(tokenizer, template_row, side, budget) for side in ("chosen", "rejected")}
+    assert kept["chosen"] == kept_chosen
+    assert out["dropped"] == (None in kept.values())
+    if out["dropped"]:
+        return
+    for side, end in kept.items():
+        full = rendered_length(tokenizer, template_row, side, len(template_row[side]))
+        kept_length = rendered_length(tokenizer, template_row, side, end)
+        assert len(out["prompt_ids"]) + len(out[f"{side}_ids"]) == kept_length
+        assert out[f"{side}_cut_tokens"] == full - kept_length
+        assert out[f"{side}_mask"][-1] == 1  # the completion ends inside an assistant turn
+
+
+def collate(tokenizer, rows, collator):
+    template = training_chat_template(tokenizer)
+    examples = [tokenize_preference_row(r, tokenizer, TruncationPolicy(max_length=None), template) for r in rows]
+    return collator(examples)
+
+
+def completion_logps(model, batch) -> torch.Tensor:
+    """Sum of log p over completion_mask tokens, (batch,), as DPOTrainer._compute_loss sums them."""
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logps = logits.log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    return (logps * batch["completion_mask"][:, 1:]).sum(dim=1)
+
+
+def test_a_change_in_a_tool_message_alone_leaves_the_dpo_logps_unchanged(tiny_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    # A trajectory that ends on an observation, so nothing is conditioned on the changed tool message
+    base = dict(ROWS[0], chosen=ROWS[0]["chosen"][:4])
+    changed = dict(base, chosen=[*base["chosen"][:3], observation("c2", "exit code: 2\nERROR: 5 failed")])
+    pad = tokenizer.pad_token_id
+
+    ours = [completion_logps(model, collate(tokenizer, [r], AssistantOnlyPreferenceCollator(pad)))[0]
+            for r in (base, changed)]
+    trl_default = [completion_logps(model, collate(tokenizer, [r], DataCollatorForPreference(pad)))[0]
+                   for r in (base, changed)]
+
+    assert torch.allclose(ours[0], ours[1], atol=1e-5)
+    assert abs(trl_default[0] - trl_default[1]) > 1e-2  # TRL alone scores the observation
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def changed_parameters(before, model) -> int:
+    return sum(not torch.equal(before[name], p.detach()) for name, p in model.named_parameters())
+
+
+def losses(trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_dpo_training_step_with_assistant_only_masks(tiny_dir, tokenizer, tmp_path):
+    too_long = row("Fix it.", "true", "false", system="You fix bugs. " * 400)  # prompt alone over budget
+    verbose = dict(ROWS[1], chosen=[*ROWS[1]["chosen"][:3],
+                                    observation("c2", "exit code: 1\n" + "E   AssertionError\n" * 400),
+                                    ROWS[1]["chosen"][4]])  # a long last observation: its turn is cut
+    dataset = Dataset.from_list([*ROWS, too_long, verbose])  # stored form: tools and arguments JSON strings
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=3, learning_rate=5e-3,
+                     max_length=None, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                     seed=0)
+    trainer = AssistantOnlyDPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset,
+                                      truncation=TruncationPolicy(max_length=1024))
+    counts = trainer.truncation_counts["train"]
+    assert (counts["rows"], counts["dropped"], counts["truncated"]) == (4, 1, 1) and counts["cut_tokens"] > 800
+    assert len(trainer.train_dataset) == 3
+    batch = next(iter(trainer.get_train_dataloader()))
+    scored = tokenizer.decode(batch["input_ids"][batch["completion_mask"].bool()])
+    assert "<tool_response>" not in scored and "<tool_call>" in scored  # what the real loss sums over
+    before = snapshot(trainer.model)
+
+    trainer.train()
+
+    history = losses(trainer)
+    assert all(torch.isfinite(torch.tensor(history))) and len(history) == 3
+    assert history[-1] < history[0]
+    assert changed_parameters(before, trainer.model) > 0
+
+
+def test_dpo_trainer_refuses_trls_token_cut(tiny_dir, tokenizer, tmp_path):
+    args = DPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True)  # max_length defaults to 1024
+    with pytest.raises(ValueError, match="max_length=1024: set it to None"):
+        AssistantOnlyDPOTrainer(str(tiny_dir), args=args, processing_class=tokenizer,
+                                train_dataset=Dataset.from_list(ROWS))
+
+
+def test_sft_step_with_assistant_only_loss_matches_the_dpo_mask(tiny_dir, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.chat_template = qwen2_5_training_chat_template
+    template_rows = [to_template_row({"messages": r["prompt"] + r["chosen"], "tools": r["tools"]}) for r in ROWS]
+    # Json() keeps each message as it is; plain Arrow structs would fill `{}` arguments with the keys of others
+    features = Features({"messages": List(Json()), "tools": List(Json())})
+    dataset = Dataset.from_list(template_rows, features=features)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    args = SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_steps=3, learning_rate=5e-3,
+                     per_device_train_batch_size=2, logging_steps=1, save_strategy="no", report_to=[],
+                     use_cpu=True, seed=0)
+    trainer = SFTTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset)
+    for prepared, template_row in zip(trainer.train_dataset, template_rows, strict=True):
+        ids, mask = assistant_token_mask(tokenizer, template_row["messages"], template_row["tools"])
+        assert prepared["labels"] == [token if bit else -100 for token, bit in zip(ids, mask, strict=True)]
+    before = snapshot(trainer.model)
+
+    trainer.train()
+
+    history = losses(trainer)
+    assert all(torch.isfinite(torch.tensor(history))) and len(history) == 3
+    assert history[-1] < history[0]
+    assert changed_parameters(before, trainer.model) > 0
