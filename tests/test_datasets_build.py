@@ -354,7 +354,6 @@ def test_a_bad_trajectory_file_is_named_or_skipped(case, tmp_path):
     assert report.rows["dpo"] == 4
 
 
-DEMO = Path(__file__).resolve().parents[1] / "data"
 
 
 def present(messages) -> list[dict]:
@@ -362,12 +361,14 @@ def present(messages) -> list[dict]:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
-@pytest.mark.skipif(not (DEMO / "trajectories").is_dir(), reason="no demo output under data/")
-def test_on_the_demo_output_every_prompt_is_its_chosen_attempts_unguided_prompt():
-    gold_path = DEMO / "tasks" / "tasks.parquet"
+def check_rows_against_stored_attempts(data: Path) -> int:
+    """On a pipeline's output: every DPO row's prompt is its chosen attempt's unguided prompt, its sides are the
+    stored completions, no guidance text anywhere; returns the rows checked (the pipeline test calls it)."""
+    checked = 0
+    gold_path = data / "tasks" / "tasks.parquet"
     gold = dict(pl.read_parquet(gold_path).select("instance_id", "patch").iter_rows()) if gold_path.exists() else {}
-    for batch in batch_names(DEMO):
-        files = trajectory_files(DEMO, batch)
+    for batch in batch_names(data):
+        files = trajectory_files(data, batch)
         frame, skipped = read_trajectories(files)
         stored = {r["rollout_id"]: Trajectory.from_row(r) for f in files for r in pq.read_table(f).to_pylist()}
         assert skipped == []
@@ -381,3 +382,5 @@ def test_on_the_demo_output_every_prompt_is_its_chosen_attempts_unguided_prompt(
                 assert not [s for s in strings(row) if chosen.guidance_text and chosen.guidance_text in s]
                 assert rejected.reward <= 0 < chosen.reward and rejected.guidance_kind == "none"
                 assert not (chosen.infra_error or rejected.infra_error or chosen.quotes_guidance)
+                checked += 1
+    return checked

@@ -11,6 +11,7 @@ from assets.resources import Credentials, HandholdSettings
 from pipeline.cli import run_config
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, GuidancePlan
 from pipeline.store import read_records
+from tests.test_datasets_build import check_rows_against_stored_attempts
 
 
 def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
@@ -51,6 +52,7 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert meta["actguide_dataset"]["rows"].value == len({p.instance_id for p in accepted if p.kind == "action"})
     assert exported["trajectories"] == unguided.height + guided.height and exported["tasks"] == 2
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
+    assert check_rows_against_stored_attempts(tmp_path / "data") >= 1
 
 
 def test_cli_run_config(tmp_path):
