@@ -62,6 +62,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\n{mat.asset_key.to_user_string()}")
         for key, value in mat.metadata.items():
             print(f"  {key}: {getattr(value, 'value', value)}")
+    for check in result.get_asset_check_evaluations():
+        print(f"\ncheck {check.asset_key.to_user_string()}:{check.check_name}: {'passed' if check.passed else 'FAILED'}")
     for event in result.get_step_failure_events():
         error = event.event_specific_data.error
         print(f"\nFAILED {event.step_key}: {error.message.strip() if error else event.message}")
