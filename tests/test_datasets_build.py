@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, KINDS, SFT_SCHEMA, BadTrajectoryFile, DatasetConfig,
                                GuidanceLeakError, arguments_as_objects, build_rows, dataset_files, read_dataset,
-                               task_split, trajectory_frame, update_datasets)
+                               task_split, update_datasets)
 from pipeline.datasets import build
 from pipeline.datasets.build import batch_names, read_trajectories, trajectory_files
 from pipeline.records import TRAJECTORY_SCHEMA, Action, Trajectory, record_schema
