@@ -15,6 +15,7 @@ In a fresh sandbox from the task's image, as root and out of the sandbox user's 
    report is made, with a key the code under test never sees; it too must agree;
 6. static flags on what the patch adds (pytest internals, exit hooks, forged verdicts) are
    recorded and, by default, void the reward.
+Steps 1-3 are two privileged round trips into the sandbox; their shell is in pipeline/grade_steps.py.
 """
 
 from __future__ import annotations
