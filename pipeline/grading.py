@@ -35,7 +35,7 @@ from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_
 from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec
 
-from pipeline.guard import flag_kinds, is_test_path, numstat_paths, protected_reason, suspicious_flags
+from pipeline.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.junit import guard_disagreements, junit_disagreements
 from pipeline.records import Task
 from pipeline.grade_steps import GUARD, apply_script, guard_dir, list_script, test_script
@@ -43,8 +43,6 @@ from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 from sandbox.privileged import exchange
-
-__all__ = ["Grade", "grade", "grade_in", "is_test_path"]
 
 GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an older grader are validated again
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")

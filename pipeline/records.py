@@ -188,7 +188,7 @@ def actions_tuple(actions) -> tuple[Action, ...]:
 
 @dataclass(frozen=True)
 class Step:
-    """One model call and the tool call it made, as stored (the agent loop's Step, field for field)."""
+    """One model call and the tool call it made (the agent loop records these as they happen)."""
 
     policy_latency: float  # seconds
     tool_time: float  # seconds
@@ -198,11 +198,6 @@ class Step:
     """The tool called ('' when the reply held no usable call)."""
     error: bool
     """The call was malformed, or the tool reported an error."""
-
-    @classmethod
-    def of(cls, step: Any) -> "Step":
-        """A stored step from any object with the same attributes (the agent loop's Step)."""
-        return cls(**{f.name: getattr(step, f.name) for f in dataclasses.fields(cls)})
 
 
 STEP_FIELDS = columns(("policy_latency", FLOAT), ("tool_time", FLOAT), ("prompt_tokens", INT),

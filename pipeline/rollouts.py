@@ -29,7 +29,7 @@ from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy
 from pipeline.grading import Grade, grade
 # Guidance, read_batch and compact live in records and store; they stay importable from here.
-from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Step, Task, Trajectory
+from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import SandboxError
@@ -298,7 +298,7 @@ def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None,
         guidance_kind=g.kind, guidance_text=g.text, guidance_actions=g.actions, guidance_k=g.k, teacher=g.teacher,
         prompt=a.prompt if a else (), unguided_prompt=a.unguided_prompt if a else (),
         messages=a.messages if a else (), tools=json.dumps(list(a.tools) if a else []),
-        steps=tuple(Step.of(s) for s in a.steps) if a else (), logprobs=_logprobs(a), patch=a.patch if a else "",
+        steps=a.steps if a else (), logprobs=_logprobs(a), patch=a.patch if a else "",
         reward=v.reward if v and not infra else 0.0, resolved=bool(v and v.resolved and not infra),
         grade_reason=v.reason if v else "", report=v.report if v else "{}", test_log=v.log[-LOG_TAIL:] if v else "",
         dropped_files=v.dropped_files if v else (), enforcement=v.enforcement if v else (),

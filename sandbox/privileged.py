@@ -37,10 +37,9 @@ def exchange(sandbox: Sandbox, script: str, inputs: dict[str, tuple[bytes, int]]
     payload = _tar(inputs)
     wanted = " ".join(shlex.quote(p.lstrip("/")) for p in outputs)
     command = (f"head -c {len(payload)} | tar -xf - -C / || exit 90\n"
-               f"log=$(mktemp) && exec 9>&1 >\"$log\" 2>&1\n(\n{script}\n)\nrc=$?\n"
-               f"cp \"$log\" /tmp/{LOG}.$$\n"
-               f"tar -cf - --ignore-failed-read -C / {wanted} -C /tmp {LOG}.$$ 2>/dev/null >&9\n"
-               f"rm -f \"$log\" /tmp/{LOG}.$$\nexit $rc\n")
+               f"log=$(mktemp /tmp/{LOG}.XXXXXX) && exec 9>&1 >\"$log\" 2>&1\n(\n{script}\n)\nrc=$?\n"
+               f"tar -cf - --ignore-failed-read -C / {wanted} -C /tmp \"${{log#/tmp/}}\" 2>/dev/null >&9\n"
+               f"rm -f \"$log\"\nexit $rc\n")
     result = sandbox.run_privileged(command, timeout, stdin=payload)
     files = _untar(result.output.encode("utf-8", "surrogateescape"))
     log = next((v for k, v in files.items() if k.startswith(f"{LOG}.")), b"")

@@ -30,10 +30,12 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
 import yaml
+
+from tests.loopback import ThreadedServer
 
 REPO_ROUTE = re.compile(r"^/api/(model|dataset|space)s/(.+?)/(branch|preupload|commit)/([^/]+)$")
 INFO_ROUTE = re.compile(r"^/api/(model|dataset|space)s/([^/]+/[^/]+|[^/]+)(?:/revision/([^/]+))?$")
@@ -82,7 +84,7 @@ class Repo:
         return self.branches[revision]
 
 
-class HubServer:
+class HubServer(ThreadedServer):
     """A threaded HTTP server on 127.0.0.1 keeping repos in memory; see the module docstring."""
 
     def __init__(self, token: str = "", *, fail_at: int = 0, fail_route: str = "", fail_status: int = 500):
@@ -98,30 +100,6 @@ class HubServer:
         self.unhandled: list[str] = []
         """'METHOD path' of requests no route matched: an endpoint the client calls that this server lacks."""
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None, "start the server first"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def start(self) -> "HubServer":
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Handler,), {"owner": self}))
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True).start()
-        return self
-
-    def close(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-
-    def __enter__(self) -> str:
-        return self.start().url
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def repo(self, repo_id: str, repo_type: str = "dataset") -> Repo:
         return self.repos[f"{repo_type}s/{repo_id}"]
@@ -295,3 +273,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+HubServer.handler = _Handler

@@ -32,6 +32,45 @@ from typing import Callable, Sequence, Union
 DEFAULT_LOGPROB = -0.25
 
 
+class ThreadedServer:
+    """A ThreadingHTTPServer on 127.0.0.1 in a daemon thread; its handler finds this object as `owner`.
+
+    `with server as url:` starts it and stops it again.
+    """
+
+    handler: type[BaseHTTPRequestHandler]
+    _httpd: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        """http://127.0.0.1:<port>, once started."""
+        assert self._httpd is not None, "start the server first"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def start(self) -> "ThreadedServer":
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (self.handler,), {"owner": self}))
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True).start()  # fast shutdown
+        return self
+
+    def close(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    @property
+    def base_url(self) -> str:
+        """What a client is given (`with server as base_url`): the URL, unless a subclass adds a path."""
+        return self.url
+
+    def __enter__(self) -> str:
+        return self.start().base_url
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A tool call in a scripted reply."""
@@ -67,7 +106,7 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+$", text)
 
 
-class LoopbackServer:
+class LoopbackServer(ThreadedServer):
     """A threaded HTTP server on 127.0.0.1 speaking both protocols; see the module docstring."""
 
     def __init__(self, script: Script, *, fail_first: int = 0, fail_status: int = 500,
@@ -84,36 +123,6 @@ class LoopbackServer:
         """Problems on the server side: script exhausted, a callable raised."""
         self._lock = threading.Lock()
         self._next_reply = 0
-        self._httpd: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        """http://127.0.0.1:<port>, once started."""
-        assert self._httpd is not None, "start the server first"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url
-
-    def start(self) -> "LoopbackServer":
-        handler = type("Handler", (_Handler,), {"owner": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True).start()  # fast shutdown
-        return self
-
-    def close(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-
-    def __enter__(self) -> str:
-        return self.start().base_url
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def answer(self, path: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
         """Record the request and return (status, JSON body) in the protocol of `path`."""
@@ -248,3 +257,6 @@ def _anthropic_message(body: dict, reply: Reply, number: int) -> dict:
             "stop_reason": reply.finish_reason or ("tool_use" if reply.tool_calls else "end_turn"),
             "stop_sequence": None,
             "usage": {"input_tokens": _prompt_tokens(body), "output_tokens": len(_completion_tokens(reply))}}
+
+
+LoopbackServer.handler = _Handler

@@ -228,6 +228,16 @@ def losses(trainer) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
+def train(trainer) -> list[float]:
+    """Train; the logged losses, checked finite, with at least one parameter changed."""
+    before = snapshot(trainer.model)
+    trainer.train()
+    history = losses(trainer)
+    assert all(torch.isfinite(torch.tensor(history)))
+    assert changed_parameters(before, trainer.model) > 0
+    return history
+
+
 def test_dpo_training_step_with_assistant_only_masks(tiny_dir, tokenizer, tmp_path):
     too_long = row("Fix it.", "true", "false", system="You fix bugs. " * 400)  # prompt alone over budget
     verbose = dict(ROWS[1], chosen=[*ROWS[1]["chosen"][:3],
@@ -246,14 +256,8 @@ def test_dpo_training_step_with_assistant_only_masks(tiny_dir, tokenizer, tmp_pa
     batch = next(iter(trainer.get_train_dataloader()))
     scored = tokenizer.decode(batch["input_ids"][batch["completion_mask"].bool()])
     assert "<tool_response>" not in scored and "<tool_call>" in scored  # what the real loss sums over
-    before = snapshot(trainer.model)
-
-    trainer.train()
-
-    history = losses(trainer)
-    assert all(torch.isfinite(torch.tensor(history))) and len(history) == 3
-    assert history[-1] < history[0]
-    assert changed_parameters(before, trainer.model) > 0
+    history = train(trainer)
+    assert len(history) == 3 and history[-1] < history[0]
 
 
 def test_dpo_trainer_refuses_trls_token_cut(tiny_dir, tokenizer, tmp_path):
@@ -278,11 +282,5 @@ def test_sft_step_with_assistant_only_loss_matches_the_dpo_mask(tiny_dir, tmp_pa
     for prepared, template_row in zip(trainer.train_dataset, template_rows, strict=True):
         ids, mask = assistant_token_mask(tokenizer, template_row["messages"], template_row["tools"])
         assert prepared["labels"] == [token if bit else -100 for token, bit in zip(ids, mask, strict=True)]
-    before = snapshot(trainer.model)
-
-    trainer.train()
-
-    history = losses(trainer)
-    assert all(torch.isfinite(torch.tensor(history))) and len(history) == 3
-    assert history[-1] < history[0]
-    assert changed_parameters(before, trainer.model) > 0
+    history = train(trainer)
+    assert len(history) == 3 and history[-1] < history[0]

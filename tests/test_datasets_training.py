@@ -4,7 +4,6 @@ loaded with `datasets`, one DPO step (assistant-only masks) and one SFT step on 
 from __future__ import annotations
 
 import pytest
-import torch
 from datasets import Dataset, Features, Json, List, load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, SFTConfig, SFTTrainer
@@ -14,7 +13,7 @@ from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.export import CardInfo, export_dataset
 from pipeline.datasets.masking import AssistantOnlyDPOTrainer, TruncationPolicy, to_template_row
 from tests.test_datasets_build import TASK_T1, traj
-from tests.test_datasets_masking import changed_parameters, losses, snapshot
+from tests.test_datasets_masking import train
 from training.tiny_model import build_tiny_model
 
 
@@ -44,11 +43,7 @@ def test_one_dpo_step_on_exported_rows(exported, tiny_dir, tmp_path):
     trainer = AssistantOnlyDPOTrainer(model, args=args, processing_class=tokenizer,
                                       train_dataset=dpo.select_columns(["prompt", "chosen", "rejected", "tools"]),
                                       truncation=TruncationPolicy(max_length=4096))
-    before = snapshot(trainer.model)
-    trainer.train()
-    history = losses(trainer)
-    assert len(history) == 2 and all(torch.isfinite(torch.tensor(history)))
-    assert changed_parameters(before, trainer.model) > 0
+    assert len(train(trainer)) == 2
 
 
 def test_one_sft_step_on_exported_rows(exported, tiny_dir, tmp_path):
@@ -63,8 +58,4 @@ def test_one_sft_step_on_exported_rows(exported, tiny_dir, tmp_path):
                      use_cpu=True, seed=0)
     trainer = SFTTrainer(AutoModelForCausalLM.from_pretrained(tiny_dir), args=args, processing_class=tokenizer,
                          train_dataset=dataset)
-    before = snapshot(trainer.model)
-    trainer.train()
-    history = losses(trainer)
-    assert len(history) == 2 and all(torch.isfinite(torch.tensor(history)))
-    assert changed_parameters(before, trainer.model) > 0
+    assert len(train(trainer)) == 2

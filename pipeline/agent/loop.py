@@ -14,7 +14,7 @@ from pipeline.agent.policy import AssistantTurn, Policy, PolicyError
 from pipeline.agent.prompts import system_prompt, task_prompt
 from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_call, tool_response
 from pipeline.agent.tools import TOOLS, check_arguments, execute
-from pipeline.records import Task
+from pipeline.records import Step, Task
 from sandbox.base import Sandbox, SandboxError
 
 ExitStatus = Literal["submitted", "max_steps", "max_tokens", "max_wall_time", "format_errors",
@@ -49,20 +49,6 @@ class AgentConfig:
         for name in ("max_steps", "max_total_tokens", "max_wall_time", "max_format_errors", "command_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"AgentConfig.{name} must be positive, got {getattr(self, name)}")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One model call and the tool call it made."""
-
-    policy_latency: float  # seconds
-    tool_time: float  # seconds
-    prompt_tokens: int
-    completion_tokens: int
-    tool: str
-    """The tool called ('' when the reply held no usable call)."""
-    error: bool
-    """The call was malformed, or the tool reported an error."""
 
 
 @dataclass(frozen=True)
