@@ -10,6 +10,7 @@ from pipeline.guidance.rescue import teacher_client
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
 from pipeline.store import read_records, write_rows
 from pipeline.tasks.packages import build_environment_image, fetch_source, package_specs
+from pipeline.tasks.decontam import decontaminate
 from pipeline.tasks.swebench_rows import load_tasks
 from pipeline.tasks.synth import synthesize
 from pipeline.tasks.validate import check_tasks
@@ -33,8 +34,9 @@ def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
     cache, config = settings.path("cache"), settings.resolved()
     roots = {spec.key: str(fetch_source(spec, cache)) for spec in package_specs(config.synth.packages)}
     sources = config.sources
-    rows, rejects = (load_tasks(sources.dataset, split=sources.dataset_split,
-                                limit=sources.dataset_limit or None) if sources.dataset else ([], []))
+    rows, rejects = (load_tasks(sources.dataset, split=sources.dataset_split, limit=sources.dataset_limit or None,
+                                decontaminate=sources.decontaminate, eval_benchmarks=sources.eval_benchmarks)
+                     if sources.dataset else ([], []))
     write_rows(settings.path("sources", "dataset_tasks.parquet"), [t.to_row() for t in rows], TASK_SCHEMA)
     write_rows(settings.path("sources", "dataset_rejects.parquet"), [dataclasses.asdict(r) for r in rejects],
                REJECT_SCHEMA)
@@ -61,10 +63,11 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     writer = teacher_client(config.guidance, credentials.key("teacher"))  # writes problem statements, if an LLM
     synthesized, report = synthesize(config.synth, config.base_image.tag, settings.path("cache"), docker_client(),
                                      statement_writer=writer)
+    synthesized, overlapping = decontaminate(synthesized, config.sources.decontaminate, config.sources.eval_benchmarks)
     dataset_rows = [Task.from_row(r) for r in read_records(settings.path("sources", "dataset_tasks.parquet"),
                                                            TASK_SCHEMA, produced_by="task_sources")]
     checked, dataset_rejects = check_tasks(dataset_rows, workers=config.synth.workers)
-    all_tasks, rejects = synthesized + checked, report.rejects + dataset_rejects
+    all_tasks, rejects = synthesized + checked, report.rejects + overlapping + dataset_rejects
     path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)
     write_rows(settings.path("tasks", "rejects.parquet"), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
     for reject in rejects:

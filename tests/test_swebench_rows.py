@@ -1,6 +1,7 @@
 """SWE-bench-format rows into Tasks: real fixture files, real Parquet, real git apply."""
 
 import json
+import logging
 import pickle
 import shutil
 import subprocess
@@ -13,15 +14,22 @@ import pytest
 
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
+from pipeline.tasks.harness_specs import (
+    eval_script_test_cmd,
+    harness_test_cmd,
+    spec_test_cmds,
+    swe_gym_image,
+    harness_directives,
+)
 from pipeline.tasks.swebench_rows import (
     SweDatasetConfig,
     TaskRowError,
-    detect_kind,
     load_tasks,
     load_tasks_from_config,
     patched_files,
     resolve_log_parser,
     reverse_patch,
+    row_kind,
     task_from_row,
 )
 
@@ -56,14 +64,15 @@ def source_path(name: str, tmp_path: Path) -> Path:
 # (file, source, first instance, image, test_cmd, log_parser, test_files)
 FORMATS = [
     ("swebench_rows.jsonl", "swe-bench", "django__django-11099",
-     "swebench/sweb.eval.x86_64.django_1776_django-11099:latest", DJANGO_CMD, "parse_log_django",
-     ("tests/auth_tests/test_validators.py",)),
+     "swebench/sweb.eval.x86_64.django_1776_django-11099:latest", f"{DJANGO_CMD} auth_tests.test_validators",
+     "parse_log_django", ("tests/auth_tests/test_validators.py",)),
     ("swebench_verified_rows.json", "swe-bench-verified", "pytest-dev__pytest-7432",
-     "swebench/sweb.eval.x86_64.pytest-dev_1776_pytest-7432:latest", "pytest -rA", "parse_log_pytest",
-     ("testing/test_skipping.py",)),
+     "swebench/sweb.eval.x86_64.pytest-dev_1776_pytest-7432:latest", "pytest -rA testing/test_skipping.py",
+     "parse_log_pytest", ("testing/test_skipping.py",)),
+    # no swebench spec for SWE-Gym's repos: pytest on the files the graded tests live in
     ("swe_gym_rows.json", "swe-gym", "getmoto__moto-5752",
-     "swebench/sweb.eval.x86_64.getmoto_1776_moto-5752:latest", "pytest -rA", "parse_log_pytest",
-     ("tests/test_ssm/test_ssm_boto3.py",)),
+     "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest", "pytest -rA tests/test_ssm/test_ssm_boto3.py",
+     "parse_log_pytest", ("tests/test_ssm/test_ssm_boto3.py",)),
     ("swe_smith_rows.parquet", "swe-smith", "pallets__markupsafe.620c06c9.func_pm_remove_cond__k3t9m2qa",
      "swebench/swesmith.x86_64.pallets_1776_markupsafe.620c06c9", "pytest -rA", "parse_log_pytest",
      ("tests/test_markupsafe.py", "tests/test_escape.py", "tests/test_leak.py")),
@@ -96,8 +105,10 @@ def test_swebench_fields_survive(tmp_path):
     assert task.base_commit == row["base_commit"]
     assert (task.version, task.hints_text, task.created_at) == ("1.7", row["hints_text"], row["created_at"])
     assert task.environment_setup_commit == row["environment_setup_commit"]
-    assert task.test_cmd.endswith("bin/test -C --verbose") and task.log_parser == "parse_log_sympy"
-    provenance = dict(dataset=str(DATA / "swebench_rows.jsonl"), split="dev", index=1)
+    assert task.test_cmd.endswith("bin/test -C --verbose sympy/core/tests/test_basic.py")
+    assert task.log_parser == "parse_log_sympy"
+    provenance = dict(dataset=str(DATA / "swebench_rows.jsonl"), split="dev", index=1,
+                      test_cmd_from="harness spec", eval_overlap=["swe-bench-verified"])
     assert json.loads(task.provenance) == provenance
 
 
@@ -105,8 +116,9 @@ def test_old_astropy_and_explicit_kind():
     tasks, _ = load_tasks(str(DATA / "swebench_rows.jsonl"), kind="swe-bench-verified")
     astropy = tasks[2]
     assert astropy.source == "swe-bench-verified"
-    assert astropy.test_cmd.startswith("pytest -rA -vv -o console_output_style=classic")
+    assert astropy.test_cmd == "pytest -rA -vv -o console_output_style=classic --tb=no astropy/utils/tests/test_misc.py"
     assert astropy.log_parser == "parse_log_pytest_v2"
+    assert {t.source for t in tasks} == {"swe-bench-verified"}  # a kind given overrides every row's columns
 
 
 def test_smith_bug_becomes_setup_and_its_reverse_the_gold(tmp_path):
@@ -123,15 +135,16 @@ def test_smith_bug_becomes_setup_and_its_reverse_the_gold(tmp_path):
 
 def test_row_fields_override_conventions():
     row = json_rows("swe_gym_rows.json")[0] | {
-        "image": "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752",
+        "image": "registry.example/moto:5752",
         "log_parser": "pytest",
         "test_cmd": "pytest -rA -n0",
     }
-    task = task_from_row(row, kind="swe-gym")
+    task = task_from_row(row)
     assert (task.image, task.test_cmd) == (row["image"], "pytest -rA -n0")
     assert task.log_parser == "parse_log_pytest"
-    namespaced = task_from_row(json_rows("swe_gym_rows.json")[0], kind="swe-gym", image_namespace="xingyaoww")
-    assert namespaced.image == "xingyaoww/sweb.eval.x86_64.getmoto_1776_moto-5752:latest"
+    assert json.loads(task.provenance)["test_cmd_from"] == "row test_cmd"
+    mirrored = task_from_row(json_rows("swe_gym_rows.json")[0], image_namespace="mirror.example/gym")
+    assert mirrored.image == "mirror.example/gym/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
 
 
 def django_row() -> dict:
@@ -140,6 +153,10 @@ def django_row() -> dict:
 
 def smith_row() -> dict:
     return json_rows("swe_smith_rows.jsonl")[0]
+
+
+def gym_row() -> dict:
+    return json_rows("swe_gym_rows.json")[0]
 
 
 TRUNCATED_DIFF = "--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n"
@@ -159,6 +176,14 @@ MALFORMED = [
     ("swe-smith", smith_row, {"image_name": None}, smith_row()["instance_id"], "image_name"),
     ("swe-smith", smith_row, {"problem_statement": ""}, smith_row()["instance_id"], "problem_statement"),
     ("swe-smith", smith_row, {"repo": "pallets/markupsafe"}, smith_row()["instance_id"], "repo"),
+    # missing columns: a row dict simply lacks the key
+    ("swe-bench", django_row, {"test_patch": None}, DJANGO, "test_patch"),
+    ("swe-bench", django_row, {"FAIL_TO_PASS": None}, DJANGO, "FAIL_TO_PASS"),
+    ("swe-bench", django_row, {"problem_statement": None}, DJANGO, "problem_statement"),
+    # a repository no dataset published an image for, and the row names none
+    ("swe-bench", django_row, {"repo": "octo-org/widgets"}, DJANGO, "image_name"),
+    ("swe-gym", gym_row, {"repo": "octo-org/widgets"}, "getmoto__moto-5752", "image_name"),
+    ("swe-bench", django_row, {"eval_script": "#!/bin/bash\n./tests/runtests.py\n"}, DJANGO, "eval_script"),
 ]
 
 
@@ -172,7 +197,8 @@ def test_malformed_row_is_named_and_the_others_load(tmp_path, kind, good, change
     assert err.fix and item in str(err) and field in str(err) and err.fix in str(err)
     assert (pickle.loads(pickle.dumps(err)).item, pickle.loads(pickle.dumps(err)).field) == (item, field)
 
-    others = json_rows("swebench_rows.jsonl" if kind == "swe-bench" else "swe_smith_rows.jsonl")[1:]
+    files = {"swe-bench": "swebench_rows.jsonl", "swe-gym": "swe_gym_rows.json", "swe-smith": "swe_smith_rows.jsonl"}
+    others = json_rows(files[kind])[1:]
     path = write_jsonl(tmp_path / "rows.jsonl", [others[0], bad, *others[1:]])
     tasks, rejects = load_tasks(str(path), kind=kind)
     assert [t.instance_id for t in tasks] == [row["instance_id"] for row in others]
@@ -213,7 +239,8 @@ def test_hub_layout_loads_through_datasets_offline(tmp_path, monkeypatch):
     assert rejects == []
     expected = [(row["instance_id"], "swe-gym") for row in table.to_pylist()]
     assert [(t.instance_id, t.source) for t in tasks] == expected
-    assert json.loads(tasks[1].provenance) == {"dataset": str(snapshot), "split": "train", "index": 1}
+    assert json.loads(tasks[1].provenance) == {"dataset": str(snapshot), "split": "train", "index": 1,
+                                               "test_cmd_from": "no harness spec"}
 
 
 def test_bad_sources_fail_loudly(tmp_path):
@@ -227,23 +254,6 @@ def test_bad_sources_fail_loudly(tmp_path):
         load_tasks(str(tmp_path / "rows.json"))
     with pytest.raises(ValueError, match="kind 'swe-bench-lite'"):
         load_tasks(str(DATA / "swebench_rows.jsonl"), kind="swe-bench-lite")
-
-
-@pytest.mark.parametrize(
-    "dataset,row,kind",
-    [
-        ("SWE-bench/SWE-bench", None, "swe-bench"),
-        ("princeton-nlp/SWE-bench_Lite", None, "swe-bench"),
-        ("SWE-bench/SWE-bench_Verified", None, "swe-bench-verified"),
-        ("princeton-nlp/SWE-bench_Verified", None, "swe-bench-verified"),
-        ("SWE-Gym/SWE-Gym", None, "swe-gym"),
-        ("SWE-bench/SWE-smith", None, "swe-smith"),
-        ("/data/swe_gym/tasks.jsonl", {"instance_id": "x"}, "swe-bench"),  # only the file name counts
-        ("/data/tasks.parquet", {"image_name": "swebench/swesmith.x86_64.a_1776_b.1234567"}, "swe-smith"),
-    ],
-)
-def test_detect_kind(dataset, row, kind):
-    assert detect_kind(dataset, row) == kind
 
 
 def test_log_parser_names_are_registered():
@@ -300,7 +310,180 @@ def test_parquet_round_trip_readable_by_polars(tmp_path):
     path = write_rows(tmp_path / "tasks.parquet", [t.to_row() for t in tasks], TASK_SCHEMA)
     assert [Task.from_row(row) for row in read_rows(path)] == tasks
     frame = pl.read_parquet(path)
-    assert frame.height == len(tasks) == 9
+    assert frame.height == len(tasks) == 13
     assert frame.columns == TASK_SCHEMA.names
     assert frame["FAIL_TO_PASS"].dtype == pl.List(pl.String)
     assert sorted(frame["source"].unique()) == ["swe-bench", "swe-bench-verified", "swe-gym", "swe-smith"]
+
+
+# The line between the test-output markers of the eval script swebench 4.1.0's harness writes for
+# each instance (make_eval_script_list_py: spec test_cmd + get_test_directives of the test_patch),
+# computed from the swebench 4.1.0 wheel for these very rows.
+HARNESS_COMMANDS = {
+    "django__django-11099": f"{DJANGO_CMD} auth_tests.test_validators",
+    "django__django-11749": f"{DJANGO_CMD} user_commands.management.commands.mutually_exclusive_required "
+                            "user_commands.tests",
+    "sympy__sympy-20590": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose "
+                          "sympy/core/tests/test_basic.py",
+    "astropy__astropy-7166": "pytest -rA -vv -o console_output_style=classic --tb=no astropy/utils/tests/test_misc.py",
+    "astropy__astropy-12907": "pytest -rA astropy/modeling/tests/test_separable.py",
+    "pytest-dev__pytest-7432": "pytest -rA testing/test_skipping.py",
+    "psf__requests-2317": "pytest -rA test_requests.py",
+    "astropy__astropy-14995": "pytest -rA astropy/nddata/mixins/tests/test_ndarithmetic.py",
+}
+
+
+def public_tasks() -> dict[str, Task]:
+    names = ("swebench_rows.jsonl", "swebench_verified_rows.json", "swe_gym_rows.json", "swe_smith_rows.jsonl")
+    return {t.instance_id: t for name in names for t in load_tasks(str(DATA / name))[0]}
+
+
+@pytest.mark.parametrize("instance_id", HARNESS_COMMANDS)
+def test_public_rows_run_what_the_harness_runs(instance_id):
+    task = public_tasks()[instance_id]
+    assert task.test_cmd == HARNESS_COMMANDS[instance_id]
+    # the swebench 5 row carries its eval script; the others are graded by the 4.1.0 spec table
+    expected = "row eval_script" if instance_id == "astropy__astropy-14995" else "harness spec"
+    assert json.loads(task.provenance)["test_cmd_from"] == expected
+
+
+TEST_PATCH_WITH_DATA = "".join(
+    f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n"
+    for path in ("tests/forms_tests/tests/test_input_formats.py", "tests/forms_tests/fixtures/data.json",
+                 "tests/forms_tests/notes.txt", "tests/forms_tests/tests/__init__.py")
+)
+
+
+@pytest.mark.parametrize("repo,version,expected", [
+    ("django/django", "3.0", f"{DJANGO_CMD} forms_tests.tests.test_input_formats forms_tests.tests.__init__"),
+    ("django/django", "1.9", "./tests/runtests.py --verbosity 2 forms_tests.tests.test_input_formats "
+                             "forms_tests.tests.__init__"),
+    ("mwaskom/seaborn", "0.12", "pytest --no-header -rA tests/forms_tests/tests/test_input_formats.py "
+                                "tests/forms_tests/tests/__init__.py"),
+    ("sphinx-doc/sphinx", "7.1", "tox --current-env -epy39 -v -- tests/forms_tests/tests/test_input_formats.py "
+                                 "tests/forms_tests/tests/__init__.py"),
+    ("django/django", "9.9", None),  # a version the harness has no spec for
+    ("dbt-labs/dbt-core", "1.7", None),  # swebench lists it, with no test_cmd
+    ("getmoto/moto", "4.0", None),  # SWE-Gym's: not in swebench
+])
+def test_harness_command_per_repo_and_version(repo, version, expected):
+    """The spec's test_cmd plus the test_patch's files, data files dropped, Django's as module labels."""
+    assert harness_test_cmd(repo, version, TEST_PATCH_WITH_DATA) == expected
+
+
+def test_spec_table_covers_swebench_python_repos():
+    repos = {repo for repo, _ in spec_test_cmds()}
+    assert len(spec_test_cmds()) == 282 and len(repos) == 18
+    assert spec_test_cmds()[("astropy/astropy", "v5.3")] == "pytest -rA"
+    assert harness_directives("sympy/sympy", TEST_PATCH_WITH_DATA) == [
+        "tests/forms_tests/tests/test_input_formats.py", "tests/forms_tests/tests/__init__.py"]
+
+
+def test_a_swebench5_eval_script_is_what_runs():
+    row = json_rows("swebench_verified_rows.json")[2]
+    assert eval_script_test_cmd(row["eval_script"]) == HARNESS_COMMANDS[row["instance_id"]]
+    changed = row | {"eval_script": row["eval_script"].replace(
+        "pytest -rA astropy/nddata", "pytest -rA -p no:cacheprovider astropy/nddata")}
+    task = task_from_row(changed)
+    assert task.test_cmd == "pytest -rA -p no:cacheprovider astropy/nddata/mixins/tests/test_ndarithmetic.py"
+    assert (task.image, task.log_parser, task.source) == (row["image"], "parse_log_pytest_v2", "swe-bench-verified")
+    assert eval_script_test_cmd("#!/bin/bash\n: '>>>>> Start Test Output'\n: '>>>>> End Test Output'\n") is None
+
+
+@pytest.mark.parametrize("name,index,image", [
+    ("swebench_rows.jsonl", 3, "swebench/sweb.eval.x86_64.django_1776_django-11749:latest"),
+    ("swebench_verified_rows.json", 1, "swebench/sweb.eval.x86_64.psf_1776_requests-2317:latest"),
+    ("swe_gym_rows.json", 1, "xingyaoww/sweb.eval.x86_64.python_s_mypy-10401:latest"),
+    ("swe_gym_rows.json", 2, "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-3715:latest"),
+    ("swe_smith_rows.jsonl", 1, "swebench/swesmith.x86_64.pallets_1776_markupsafe.620c06c9"),
+])
+def test_image_names_each_dataset_published(name, index, image):
+    assert task_from_row(json_rows(name)[index], index=index).image == image
+
+
+def test_swe_gym_mangling_matches_openhands():
+    # OpenHands' get_instance_docker_image: ('xingyaoww/' + 'sweb.eval.x86_64.' + id.replace('__', '_s_')).lower()
+    assert swe_gym_image("Project-MONAI__MONAI-3715") == "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-3715:latest"
+
+
+def mixed_rows() -> list[dict]:
+    """One file holding rows of every dataset, interleaved, each in its own schema."""
+    bench, verified = json_rows("swebench_rows.jsonl"), json_rows("swebench_verified_rows.json")
+    gym, smith = json_rows("swe_gym_rows.json"), json_rows("swe_smith_rows.jsonl")
+    return [gym[0], bench[0], smith[0], verified[0], gym[2], verified[2], smith[1], bench[4]]
+
+
+def test_kind_is_decided_per_row_in_a_mixed_file(tmp_path):
+    path = write_jsonl(tmp_path / "swebench_verified_export.jsonl", mixed_rows())  # the name misleads
+    tasks, rejects = load_tasks(str(path))
+    assert rejects == []
+    assert [(t.instance_id, t.source) for t in tasks] == [
+        ("getmoto__moto-5752", "swe-gym"),
+        ("django__django-11099", "swe-bench"),
+        ("pallets__markupsafe.620c06c9.func_pm_remove_cond__k3t9m2qa", "swe-smith"),
+        ("pytest-dev__pytest-7432", "swe-bench-verified"),
+        ("Project-MONAI__MONAI-3715", "swe-gym"),
+        ("astropy__astropy-14995", "swe-bench-verified"),
+        ("pallets__markupsafe.620c06c9.func_pm_op_change_const__w2v8c1n5", "swe-smith"),
+        ("astropy__astropy-12907", "swe-bench"),
+    ]
+    assert [t.image.split("/")[0] for t in tasks] == [
+        "xingyaoww", "swebench", "swebench", "swebench", "xingyaoww", "swebench", "swebench", "swebench"]
+    columns = dict.fromkeys(key for row in mixed_rows() for key in row)
+    as_text = [{k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()} for row in mixed_rows()]
+    pq.write_table(pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in as_text]),
+                   tmp_path / "mixed.parquet")
+    # Parquet gives every row every column (null where its dataset has none): values decide, not keys
+    assert "difficulty" in pq.read_table(tmp_path / "mixed.parquet").to_pylist()[0]
+    from_parquet, rejects = load_tasks(str(tmp_path / "mixed.parquet"))
+    assert rejects == []
+    assert [(t.instance_id, t.source) for t in from_parquet] == [(t.instance_id, t.source) for t in tasks]
+
+
+@pytest.mark.parametrize("name,index,kind", [
+    ("swebench_rows.jsonl", 0, "swe-bench"),
+    ("swebench_verified_rows.json", 0, "swe-bench-verified"),
+    ("swebench_verified_rows.json", 2, "swe-bench-verified"),
+    ("swe_gym_rows.json", 1, "swe-gym"),
+    ("swe_smith_rows.jsonl", 0, "swe-smith"),
+])
+def test_row_kind_from_columns(name, index, kind):
+    assert row_kind(json_rows(name)[index]) == kind
+
+
+def test_unknown_repo_with_its_image_loads_with_a_warning(tmp_path, caplog):
+    row = django_row() | {"repo": "octo-org/widgets", "instance_id": "octo-org__widgets-12",
+                          "image_name": "ghcr.io/octo-org/widgets-env:12",
+                          "FAIL_TO_PASS": '["tests/test_w.py::test_a"]', "PASS_TO_PASS": '["tests/test_v.py::test_b"]'}
+    path = write_jsonl(tmp_path / "rows.jsonl", [row, json_rows("swe_gym_rows.json")[1]])
+    with caplog.at_level(logging.WARNING, logger="pipeline.tasks.swebench_rows"):
+        (widgets, mypy), rejects = load_tasks(str(path))
+    assert rejects == []
+    assert (widgets.image, widgets.test_cmd) == (row["image_name"], "pytest -rA tests/test_w.py tests/test_v.py")
+    assert json.loads(widgets.provenance)["test_cmd_from"] == "no harness spec"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("octo-org/widgets" in w and "octo-org__widgets-12" in w and "does not know the repository" in w
+               for w in warnings)
+    assert any("python/mypy" in w and "python__mypy-10401" in w for w in warnings)
+
+
+def test_decontamination_where_rows_are_loaded():
+    path = str(DATA / "swebench_rows.jsonl")
+    flagged, rejects = load_tasks(path)
+    assert rejects == [] and all(json.loads(t.provenance)["eval_overlap"] == ["swe-bench-verified"] for t in flagged)
+    kept, rejects = load_tasks(path, decontaminate="exclude")
+    assert kept == [] and [r.stage for r in rejects] == ["decontaminate"] * 5
+    assert "django/django is in evaluation benchmark swe-bench-verified" in rejects[0].reason
+    plain, _ = load_tasks(path, decontaminate="off")
+    assert all("eval_overlap" not in json.loads(t.provenance) for t in plain)
+    gym, rejects = load_tasks(str(DATA / "swe_gym_rows.json"), decontaminate="exclude")
+    assert len(gym) == 3 and rejects == []
+    with pytest.raises(ValueError, match="'swe-bench-pro' is not shipped"):
+        load_tasks(path, eval_benchmarks=("swe-bench-pro",))
+
+
+def test_dataset_config_defaults_follow_the_sources_settings():
+    from pipeline.settings import SourcesConfig
+
+    sources, dataset = SourcesConfig(), SweDatasetConfig("x.jsonl")
+    assert (sources.decontaminate, sources.eval_benchmarks) == (dataset.decontaminate, dataset.eval_benchmarks)

@@ -1,29 +1,35 @@
 """SWE-bench-format rows (SWE-bench, SWE-bench Verified, SWE-Gym, SWE-smith) loaded into Tasks.
 
 Rows come from the Hugging Face Hub (`datasets.load_dataset`) or a local .json, .jsonl or
-.parquet file. A row that cannot become a Task raises `TaskRowError`; `load_tasks` keeps
-the good rows and returns the others as `RejectedTask`s with the reason.
+.parquet file; each row's dataset is read from its columns. A row that cannot become a Task
+raises `TaskRowError`; `load_tasks` keeps the good rows and returns the others as
+`RejectedTask`s with the reason. A row is graded by what SWE-bench's harness runs for it
+(`harness_specs`); rows whose repository the harness has no spec for are named in a warning.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import itertools
 import json
-import pkgutil
+import logging
 import re
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import pyarrow.parquet as pq
-from swebench.task.checks import expected_image
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from pipeline.records import RejectedTask, Task
+from pipeline.tasks import decontam
+from pipeline.tasks.harness_specs import (SWE_GYM_NAMESPACE, SWE_GYM_REPOS, eval_script_test_cmd,
+                                          harness_test_cmd, repo_parsers, resolve_log_parser, spec_repos,
+                                          swe_gym_image, swebench_image)
+
+log = logging.getLogger(__name__)
 
 Kind = Literal["swe-bench", "swe-bench-verified", "swe-gym", "swe-smith"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -32,21 +38,8 @@ WORKDIR = "/testbed"
 DEFAULT_TEST_CMD = "pytest -rA"
 DEFAULT_LOG_PARSER = "parse_log_pytest"
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
-
-# swebench 5 dropped MAP_REPO_VERSION_TO_SPECS (each instance now carries its eval script);
-# these are the SWE-bench repos whose 4.x spec ran something other than `pytest -rA`.
-_DJANGO = "./tests/runtests.py --verbosity 2"
-_OLD_ASTROPY = "pytest -rA -vv -o console_output_style=classic --tb=no -p no:nose"
-REPO_TEST_CMDS = {
-    "django/django": f"{_DJANGO} --settings=test_sqlite --parallel 1",
-    "sympy/sympy": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
-    "sphinx-doc/sphinx": "tox --current-env -epy39 -v --",
-    "mwaskom/seaborn": "pytest --no-header -rA",
-}
-VERSION_TEST_CMDS = {
-    ("django/django", "1.9"): _DJANGO,
-    **{("astropy/astropy", v): _OLD_ASTROPY for v in ("0.1", "0.2", "0.3", "0.4", "1.1", "1.2", "1.3")},
-}
+# where a task's test_cmd came from (provenance 'test_cmd_from')
+FROM_ROW, FROM_EVAL_SCRIPT, FROM_SPEC, NO_SPEC = "row test_cmd", "row eval_script", "harness spec", "no harness spec"
 _BENCH_REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement")
 _SMITH_REQUIRED = ("instance_id", "repo", "patch", "problem_statement", "image_name")
 _TESTS_EXAMPLE = '["tests/test_x.py::test_y"]'
@@ -59,15 +52,19 @@ class SweDatasetConfig:
     dataset: str
     """A Hub dataset name (e.g. 'SWE-bench/SWE-bench_Verified') or a local .json/.jsonl/.parquet file."""
     kind: Literal["auto", "swe-bench", "swe-bench-verified", "swe-gym", "swe-smith"] = "auto"
-    """Row convention; 'auto' reads it from the dataset name, then from the first row's fields."""
+    """Row convention; 'auto' decides it for each row from its columns (`row_kind`)."""
     split: str = "test"
     """Hub split to load; recorded in provenance for local files too."""
     limit: int | None = None
     """Read at most this many rows (after the instance_ids filter); None reads them all."""
     instance_ids: tuple[str, ...] = ()
     """Keep only these instances; empty keeps every row."""
-    image_namespace: str = "swebench"
-    """Registry namespace of sweb.eval.* images (OpenHands publishes SWE-Gym's under 'xingyaoww')."""
+    image_namespace: str = ""
+    """Registry namespace of derived sweb.eval.* images; '' uses the one each dataset published under."""
+    decontaminate: Literal["off", "flag", "exclude"] = "flag"
+    """Rows whose repository an `eval_benchmarks` benchmark draws on: kept, kept and flagged, or set aside."""
+    eval_benchmarks: tuple[str, ...] = ("swe-bench-verified",)
+    """Evaluation benchmarks (shipped lists, or files of owner/name lines) whose repositories are decontaminated."""
 
 
 class TaskRowError(ValueError):
@@ -83,24 +80,26 @@ class TaskRowError(ValueError):
 
 
 def load_tasks(
-    source: str, *, kind: str | None = None, split: str = "test", limit: int | None = None
+    source: str, *, kind: str | None = None, split: str = "test", limit: int | None = None,
+    decontaminate: str = "flag", eval_benchmarks: tuple[str, ...] = ("swe-bench-verified",),
 ) -> tuple[list[Task], list[RejectedTask]]:
     """Tasks from a Hub dataset or local file, and the rows set aside with their reasons."""
-    return load_tasks_from_config(SweDatasetConfig(source, kind or "auto", split, limit))
+    config = SweDatasetConfig(source, kind or "auto", split, limit, decontaminate=decontaminate,
+                              eval_benchmarks=tuple(eval_benchmarks))
+    return load_tasks_from_config(config)
 
 
 def load_tasks_from_config(config: SweDatasetConfig) -> tuple[list[Task], list[RejectedTask]]:
     """Tasks for `config`, and a RejectedTask for each bad row or requested id not found."""
     if config.kind not in ("auto", *KINDS):
         raise ValueError(f"kind {config.kind!r} is not one of {('auto', *KINDS)}; pass one of them")
+    decontam.check_settings(config.decontaminate, config.eval_benchmarks)
     rows = _selected_rows(config)
-    first = next((row for _, row in rows if isinstance(row, dict)), None)
-    kind = detect_kind(config.dataset, first) if config.kind == "auto" else config.kind
     tasks: dict[str, Task] = {}
     rejects: list[RejectedTask] = []
     for index, row in rows:
         try:
-            task = task_from_row(row, kind=kind, dataset=config.dataset, split=config.split,
+            task = task_from_row(row, kind=config.kind, dataset=config.dataset, split=config.split,
                                  index=index, image_namespace=config.image_namespace)
             if task.instance_id in tasks:
                 raise TaskRowError(task.instance_id, "instance_id", "repeats an earlier row", "drop one")
@@ -111,7 +110,24 @@ def load_tasks_from_config(config: SweDatasetConfig) -> tuple[list[Task], list[R
         missing = set(config.instance_ids) - {_instance_id(row) for _, row in rows}
         reason = f"not in {config.dataset} ({config.split})"
         rejects += [RejectedTask(i, REJECT_STAGE, f"{i}: {reason}") for i in sorted(missing)]
-    return list(tasks.values()), rejects
+    _warn_unspecified(tasks.values())
+    kept, set_aside = decontam.decontaminate(tasks.values(), config.decontaminate, config.eval_benchmarks)
+    return kept, rejects + set_aside
+
+
+def _warn_unspecified(tasks: Iterable[Task]) -> None:
+    """One warning per repository whose rows run a fallback command (no harness spec, no command in the row)."""
+    groups: dict[str, list[Task]] = defaultdict(list)
+    for task in tasks:
+        if json.loads(task.provenance).get("test_cmd_from") == NO_SPEC:
+            groups[task.repo].append(task)
+    for repo, group in groups.items():
+        known = "has no spec for its version(s)" if repo in spec_repos() else "does not know the repository"
+        versions = ", ".join(sorted({t.version or "(none)" for t in group}))
+        ids = ", ".join(t.instance_id for t in group[:5]) + (" ..." if len(group) > 5 else "")
+        log.warning("%s (version %s): swebench's harness %s, so %d row(s) (%s) run a fallback, e.g. `%.120s`; "
+                    "give the rows a test_cmd or eval_script column to grade them the harness's way",
+                    repo, versions, known, len(group), ids, group[0].test_cmd)
 
 
 def _selected_rows(config: SweDatasetConfig) -> list[tuple[int, Any]]:
@@ -149,27 +165,31 @@ def _json_line(path: Path, number: int, line: str) -> Any:
         raise ValueError(f"{path}:{number}: not valid JSON ({err.msg}); fix or remove that line") from None
 
 
-def detect_kind(dataset: str, row: dict[str, Any] | None = None) -> Kind:
-    """The row convention a dataset name (or, failing that, a row's fields) implies."""
-    name = Path(dataset).name if Path(dataset).suffix in LOCAL_SUFFIXES else dataset
-    key = re.sub(r"[^a-z]", "", name.lower())
-    if "swesmith" in key:
-        return "swe-smith"
-    if "swegym" in key:
-        return "swe-gym"
-    if "swebench" in key:
-        return "swe-bench-verified" if "verified" in key else "swe-bench"
-    return "swe-smith" if row and "image_name" in row else "swe-bench"
+def row_kind(row: dict[str, Any]) -> Kind:
+    """The dataset a row comes from, by its columns (each dataset's published schema).
+
+    Values, not keys, decide: a Parquet file or Hub split holding rows of several datasets
+    gives every row every column, null where the row's dataset has none.
+    """
+    repo, filled = _text(row.get("repo")), {key for key, value in row.items() if _text(value).strip()}
+    if repo.startswith("swesmith/") or ("image_name" in filled and "test_patch" not in filled):
+        return "swe-smith"  # a mirror repo, the image named, no test patch (the tests sit in the image)
+    if "difficulty" in filled:
+        return "swe-bench-verified"  # the annotators' time estimate only Verified carries
+    if repo in SWE_GYM_REPOS or ("environment_setup_commit" not in filled and repo not in spec_repos()):
+        return "swe-gym"  # SWE-Gym's rows have no environment_setup_commit
+    return "swe-bench"
 
 
 def task_from_row(
-    row: Any, *, kind: Kind, dataset: str = "", split: str = "", index: int = 0,
-    image_namespace: str = "swebench",
+    row: Any, *, kind: str = "auto", dataset: str = "", split: str = "", index: int = 0,
+    image_namespace: str = "",
 ) -> Task:
     """One row as a Task; raises TaskRowError naming the row, the field and the fix."""
     if not isinstance(row, dict):
         raise TaskRowError(f"row {index}", "row", f"is a {type(row).__name__}", "write rows as JSON objects")
     item = _instance_id(row) or f"row {index}"
+    kind = row_kind(row) if kind == "auto" else kind
     smith = kind == "swe-smith"
     for field in _SMITH_REQUIRED if smith else _BENCH_REQUIRED:
         if not _text(row.get(field)).strip():
@@ -180,7 +200,9 @@ def task_from_row(
         raise TaskRowError(item, "FAIL_TO_PASS", "is empty", fix)
     pass_to_pass = _test_names(row, "PASS_TO_PASS", item)
     _diff_files(row["patch"], item, "patch")
-    provenance = {"dataset": dataset, "split": split, "index": index}
+    log_parser = _log_parser(row, item)
+    test_cmd, test_cmd_from = _test_command(row, item, kind, fail_to_pass + pass_to_pass)
+    provenance = {"dataset": dataset, "split": split, "index": index, "test_cmd_from": test_cmd_from}
     common = dict(
         instance_id=item,
         repo=row["repo"],
@@ -188,8 +210,8 @@ def task_from_row(
         FAIL_TO_PASS=fail_to_pass,
         PASS_TO_PASS=pass_to_pass,
         workdir=WORKDIR,
-        test_cmd=_text(row.get("test_cmd")) or known_test_cmd(row["repo"], _text(row.get("version"))),
-        log_parser=_log_parser(row, item),
+        test_cmd=test_cmd,
+        log_parser=log_parser,
         source=kind,
         hints_text=_text(row.get("hints_text")),
         version=_text(row.get("version")),
@@ -203,10 +225,46 @@ def task_from_row(
         base_commit=row["base_commit"],
         patch=row["patch"],
         test_patch=row["test_patch"],
-        image=_text(row.get("image")) or expected_image(item, image_namespace),
+        image=_image(row, item, kind, image_namespace),
         test_files=_diff_files(row["test_patch"], item, "test_patch"),
         provenance=json.dumps(provenance, sort_keys=True),
     )
+
+
+def _test_command(row: dict[str, Any], item: str, kind: str, tests: tuple[str, ...]) -> tuple[str, str]:
+    """The command that grades the row, and where it came from: the row, the harness's spec, or a fallback."""
+    if _text(row.get("test_cmd")).strip():
+        return row["test_cmd"], FROM_ROW
+    script = _text(row.get("eval_script"))
+    if script.strip():  # a swebench 5 row: the harness runs the row's own script
+        command = eval_script_test_cmd(script)
+        if command is None:
+            fix = "give the eval.sh swebench wrote for the instance, or a test_cmd column"
+            raise TaskRowError(item, "eval_script", "has no test command between its test-output markers", fix)
+        return command, FROM_EVAL_SCRIPT
+    if kind != "swe-smith":
+        command = harness_test_cmd(row["repo"], _text(row.get("version")), row["test_patch"])
+        if command is not None:
+            return command, FROM_SPEC
+        # no spec: the files the graded tests live in, else the whole suite
+        files = dict.fromkeys(test.split("::")[0] for test in tests if "::" in test)
+        return " ".join([DEFAULT_TEST_CMD, *files]), NO_SPEC
+    # SWE-smith's harness runs a repository's whole suite; its rows carry no command
+    return DEFAULT_TEST_CMD, NO_SPEC
+
+
+def _image(row: dict[str, Any], item: str, kind: str, namespace: str) -> str:
+    """The row's own image, else the name its dataset published it under; unknown repositories must name one."""
+    named = _text(row.get("image")).strip() or _text(row.get("image_name")).strip()
+    if named:
+        return named
+    repo = row["repo"]
+    if kind == "swe-gym" and repo in SWE_GYM_REPOS:
+        return swe_gym_image(item, namespace or SWE_GYM_NAMESPACE)
+    if kind != "swe-gym" and repo in spec_repos():
+        return swebench_image(item, namespace or "swebench")
+    fix = "set the row's image_name to an image holding the repository at base_commit in /testbed, or drop the row"
+    raise TaskRowError(item, "image_name", f"is missing and {kind} publishes no image for repo {repo!r}", fix)
 
 
 def _smith_fields(row: dict[str, Any], item: str, tests: tuple[str, ...], provenance: dict) -> dict[str, Any]:
@@ -234,46 +292,13 @@ def _smith_fields(row: dict[str, Any], item: str, tests: tuple[str, ...], proven
     )
 
 
-def known_test_cmd(repo: str, version: str) -> str:
-    """The command SWE-bench's harness runs for repo at version, else `pytest -rA`."""
-    return VERSION_TEST_CMDS.get((repo, version)) or REPO_TEST_CMDS.get(repo, DEFAULT_TEST_CMD)
-
-
-def resolve_log_parser(name: str) -> str | None:
-    """The PARSER_REGISTRY key for `name` ('pytest' is short for 'parse_log_pytest'), else None."""
-    registry = _parser_registry()
-    return next((key for key in (name, f"parse_log_{name}") if key in registry), None)
-
-
 def _log_parser(row: dict[str, Any], item: str) -> str:
-    name = _text(row.get("log_parser")) or _repo_parsers().get(row["repo"], DEFAULT_LOG_PARSER)
+    name = _text(row.get("log_parser")) or repo_parsers().get(row["repo"], DEFAULT_LOG_PARSER)
     resolved = resolve_log_parser(name)
     if resolved is None:
         fix = f"set the row's log_parser to a registered name, e.g. {DEFAULT_LOG_PARSER!r}"
         raise TaskRowError(item, "log_parser", f"{name!r} is not in swebench's PARSER_REGISTRY", fix)
     return resolved
-
-
-@functools.cache
-def _parser_registry() -> dict[str, Any]:
-    from swebench.harness.log_parsers import PARSER_REGISTRY  # imported here: it pulls in docker
-
-    return PARSER_REGISTRY
-
-
-@functools.cache
-def _repo_parsers() -> dict[str, str]:
-    """repo -> parser name, from swebench's per-language MAP_REPO_TO_PARSER_* tables."""
-    from swebench.harness import log_parsers
-
-    registry = _parser_registry()
-    # aliases (parse_log_scikit = parse_log_pytest_v2) share one function: use its own name
-    names = {id(fn): fn.__name__ if fn.__name__ in registry else name for name, fn in registry.items()}
-    found = pkgutil.iter_modules(log_parsers.__path__, f"{log_parsers.__name__}.")
-    modules = [importlib.import_module(m.name) for m in found]
-    tables = [t for m in modules for attr, t in vars(m).items() if attr.startswith("MAP_REPO_TO_PARSER")]
-    # a parser swebench maps but never registered keeps its own name, so its rows are rejected
-    return {repo: names.get(id(fn), fn.__name__) for table in tables for repo, fn in table.items()}
 
 
 def _test_names(row: dict[str, Any], field: str, item: str) -> tuple[str, ...]:
