@@ -9,11 +9,13 @@ from assets.environments import environment_images, sandbox_base_image, task_sou
 from assets.guidance import guidance, guided_rollouts
 from assets.resources import Credentials, HandholdSettings, config_model
 from assets.rollouts import unguided_rollouts
+from assets.training import actguide_model, dpo_model, policy_evaluation
 from pipeline.agent.factory import PolicySpec
 from pipeline.guidance.rescue import GuidanceConfig
 
 all_assets = [sandbox_base_image, task_sources, environment_images, tasks, unguided_rollouts, guidance,
-              guided_rollouts, training_datasets, dataset_export, hub_publication]
+              guided_rollouts, training_datasets, dataset_export, hub_publication, dpo_model, actguide_model,
+              policy_evaluation]
 
 # What the prod deployment reads from its environment, and what each variable holds.
 PROD_ENV = {

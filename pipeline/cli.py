@@ -61,7 +61,8 @@ def run_demo(args: argparse.Namespace) -> int:
         mat = event.step_materialization_data.materialization
         print(f"\n{mat.asset_key.to_user_string()}")
         for key, value in mat.metadata.items():
-            print(f"  {key}: {getattr(value, 'value', value)}")
+            text = str(getattr(value, "value", value))
+            print(f"  {key}: {'(a picture: see the asset in the Dagster UI)' if 'data:image/' in text else text}")
     for check in result.get_asset_check_evaluations():
         print(f"\ncheck {check.asset_key.to_user_string()}:{check.check_name}: {'passed' if check.passed else 'FAILED'}")
     for event in result.get_step_failure_events():

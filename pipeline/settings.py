@@ -28,6 +28,7 @@ from pipeline.guidance.rescue import GuidanceConfig
 from pipeline.rollouts import RolloutConfig
 from pipeline.tasks.synth import SynthConfig
 from sandbox.images import BaseImageConfig
+from training.config import TrainingConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class SourcesConfig:
     """Split of `dataset` to load."""
     dataset_limit: int = 0
     """Most rows of `dataset` loaded (0: all)."""
+    decontaminate: Literal["off", "flag", "exclude"] = "flag"
+    """Tasks from a repository an `eval_benchmarks` benchmark draws on: kept, flagged (provenance 'eval_overlap'), or set aside."""
+    eval_benchmarks: tuple[str, ...] = ("swe-bench-verified",)
+    """Benchmarks the trained policy is evaluated on: shipped lists ('swe-bench-verified') or files of owner/name lines."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class HandholdConfig:
     """How graded attempts become DPO pairs, ActGuide groups and SFT examples, and the train/test split."""
     publish: PublishConfig = field(default_factory=PublishConfig)
     """Where the exported dataset folder is published on the Hugging Face Hub (the token comes from HF_TOKEN)."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """The starting policy, DPO and ActGuide training, and the unguided evaluation of what they train."""
 
 
 class SettingsError(ValueError):

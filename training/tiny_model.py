@@ -21,10 +21,9 @@ END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
 # ChatML. Tool results are a `tool` turn; tool calls are rendered as Hermes-style
 # <tool_call> text after the content. The template takes no `tools`, so a policy on this
-# model uses the agent's text tool format.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+# model uses the agent's text tool format. An assistant turn's body and end token sit in a
+# `{% generation %}` span: what the trainers score (`return_assistant_tokens_mask`).
+_BODY = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% elif message['content'] %}{% for part in message['content'] %}"
     "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
@@ -34,7 +33,13 @@ CHAT_TEMPLATE = (
     "{{ '\n<tool_call>{\"name\": \"' + function['name'] + '\", \"arguments\": ' }}"
     "{{ arguments if arguments is string else arguments | tojson }}{{ '}</tool_call>' }}"
     "{% endfor %}"
-    "{{ '<|im_end|>\n' }}"
+)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}" + _BODY + "{{ '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}" + _BODY + "{{ '<|im_end|>\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

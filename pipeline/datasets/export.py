@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import struct
 import uuid
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Union
@@ -27,6 +25,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData
+
+from pipeline.pictures import draw_text, png
 
 Frame = Union[pl.DataFrame, pa.Table]
 CONFIGS = ("dpo", "actguide", "sft", "trajectories", "tasks")
@@ -133,10 +133,11 @@ def export_dataset(folder: Path, tables: Mapping[str, Frame | Mapping[str, Frame
                 path = staging / shard_path(config, split)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(splits[config][split], path)
+        sizes = {c: {s: (staging / shard_path(c, s)).stat().st_size for s in by_split} for c, by_split in rows.items()}
         histogram = k_star_histogram(pl.from_arrow(as_arrow(plans))) if plans is not None else None
         if histogram is not None:
             (staging / HISTOGRAM_FILE).write_bytes(render_histogram_png(histogram))
-        DatasetCard(render_card(card, splits, rows, histogram)).save(staging / "README.md")
+        DatasetCard(render_card(card, splits, rows, histogram, sizes)).save(staging / "README.md")
         _swap_into_place(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -153,24 +154,31 @@ def _swap_into_place(staging: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def card_header(card: CardInfo, rows: dict[str, dict[str, int]]) -> DatasetCardData:
-    """The YAML header: one `configs:` entry per config with its splits' files; the first is default."""
+def card_header(card: CardInfo, rows: dict[str, dict[str, int]], sizes: dict[str, dict[str, int]]) -> DatasetCardData:
+    """The YAML header: one `configs:` entry per config with its splits' files (the first is default), and
+    `dataset_info` with each split's rows and bytes. `datasets` keys its cache of a local folder on this
+    header, so the sizes make a rewritten folder load afresh instead of from yesterday's cache, and it checks
+    the row counts on load."""
     configs = [{"config_name": config,
                 "data_files": [{"split": s, "path": shard_path(config, s).replace("-00000-of-00001", "-*")}
                                for s in by_split]}
                for config, by_split in rows.items()]
     configs[0]["default"] = True
-    return DatasetCardData(pretty_name=card.pretty_name, license=card.licence, configs=configs,
+    info = [{"config_name": config, "splits": [{"name": s, "num_bytes": sizes[config][s], "num_examples": n}
+                                               for s, n in by_split.items()],
+             "download_size": sum(sizes[config].values()), "dataset_size": sum(sizes[config].values())}
+            for config, by_split in rows.items()]
+    return DatasetCardData(pretty_name=card.pretty_name, license=card.licence, configs=configs, dataset_info=info,
                            tags=["software-engineering", "agents", "swe-bench", "dpo"])
 
 
 def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: dict[str, dict[str, int]],
-                histogram: pl.DataFrame | None) -> str:
+                histogram: pl.DataFrame | None, sizes: dict[str, dict[str, int]]) -> str:
     """The whole README.md: header, description, counts, rates, histogram, sources, loading."""
     trajectories = _concat(splits.get("trajectories", {}), RATE_COLUMNS)
     tasks = _concat(splits.get("tasks", {}), ("provenance",))
     sections = [
-        f"---\n{card_header(card, rows).to_yaml()}\n---\n",
+        f"---\n{card_header(card, rows, sizes).to_yaml()}\n---\n",
         f"# {card.pretty_name}\n\n{card.description or 'Training data for software-engineering agents.'}\n\n"
         f"Built by the handhold pipeline, run `{card.run_id}`.",
         "## Rows\n\n" + _table(["config", "split", "rows"],
@@ -298,22 +306,6 @@ def k_star_histogram(plans: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame({"bin": labels + ["not found"], "plans": counts + [valid.height - found.height]})
 
 
-# A 3x5 pixel font, rows top to bottom: enough for counts, bin edges and the axis name.
-_GLYPHS = {"0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-           "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-           "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
-           "k": "100101110101101", "K": "101101110101101", "*": "000101010101000", "/": "001001010100100"}
-
-
-def _draw_text(image: np.ndarray, x: int, y: int, text: str, scale: int = 2) -> None:
-    for char in text:
-        for i, bit in enumerate(_GLYPHS.get(char, "")):
-            if bit == "1":
-                row, col = divmod(i, 3)
-                image[y + row * scale:y + (row + 1) * scale, x + col * scale:x + (col + 1) * scale] = 0
-        x += 4 * scale
-
-
 def render_histogram_png(histogram: pl.DataFrame) -> bytes:
     """A bar chart of the found bins as PNG bytes, drawn with numpy and zlib (no plotting library)."""
     counts = histogram.filter(pl.col("bin") != "not found")["plans"].to_list()
@@ -324,22 +316,10 @@ def render_histogram_png(histogram: pl.DataFrame) -> bytes:
     for i, n in enumerate(counts):
         x, bar = left + i * slot, round((base - top) * n / peak)
         image[base - bar:base, x + 4:x + slot - 4] = (66, 110, 180)
-        _draw_text(image, x + 6, base - bar - 14, str(n))
-        _draw_text(image, x + 6, base + 8, f"{i / len(counts):.1f}")
-    _draw_text(image, width // 2 - 16, height - 14, "k*/K")
-    return _png(image)
-
-
-def _png(image: np.ndarray) -> bytes:
-    """An 8-bit RGB PNG: each scanline prefixed with filter type 0, deflated into one IDAT chunk."""
-    height, width, _ = image.shape
-    raw = np.concatenate([np.zeros((height, 1), np.uint8), image.reshape(height, width * 3)], axis=1).tobytes()
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+        draw_text(image, x + 6, base - bar - 14, str(n))
+        draw_text(image, x + 6, base + 8, f"{i / len(counts):.1f}")
+    draw_text(image, width // 2 - 16, height - 14, "k*/K")
+    return png(image)
 
 
 def _loading_section(repo_id: str, configs: list[str]) -> str:

@@ -1,0 +1,208 @@
+"""The training stages on the tiny offline model: DPO (full and LoRA), the ActGuide objective's parts, and a
+Pipes launch that reports back to its asset."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from assets.resources import Credentials, HandholdSettings
+from assets.training import actguide_model
+from pipeline.datasets import DatasetConfig, build_rows
+from pipeline.datasets.export import CardInfo, export_dataset
+from pipeline.evaluation import held_out_tasks, wilson_interval
+from pipeline.records import Action
+from tests.test_datasets_build import TASK_T1, traj
+from training.actguide import (ActGuideTrainer, group_advantages, prepare_examples, response_logps, train_actguide,
+                               training_group)
+from training.common import read_run, read_split
+from training.config import ActGuideTrainingConfig, DPOTrainingConfig, LoraSettings
+from training.dpo import train_dpo
+from training.tiny_model import IM_END, build_tiny_model
+
+ACTIONS = (Action("bash", '{"command": "grep -n add pkg"}'), Action("submit", "{}"))
+
+
+def actguide_attempts() -> list:
+    """t3: an unguided success among failures (its unguided group trains); t4: every unguided attempt
+    failed, so its action-guided attempts (one success, one failure) join the group."""
+    return ([traj("t3u0", iid="t3", sample=0, steps=2), traj("t3u1", iid="t3", reward=1.0, sample=1, steps=1),
+             traj("t3a0", iid="t3", kind="action", reward=1.0, guidance_actions=ACTIONS, guidance_k=1, group_id="g1")]
+            + [traj(f"t4u{i}", iid="t4", sample=i, steps=2) for i in range(2)]
+            + [traj(f"t4a{i}", iid="t4", kind="action", reward=float(i), sample=i, steps=1 + i,
+                    guidance_actions=ACTIONS, guidance_k=1, group_id="g2") for i in range(2)])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An exported dataset folder with dpo and actguide rows, everything in the train split."""
+    config = DatasetConfig(pairs_per_task=50, test_fraction=0.0)
+    dpo, actguide = build_rows(TASK_T1, config).dpo, build_rows(actguide_attempts(), config).actguide
+    out = tmp_path_factory.mktemp("export") / "hf"
+    export_dataset(out, {"dpo": dpo, "actguide": actguide}, CardInfo("test", run_id="b1"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def dpo_config(**changes) -> DPOTrainingConfig:
+    """Every row in one batch, the same batch each step: loss must fall, margins must rise."""
+    return DPOTrainingConfig(**{"learning_rate": 2e-3, "lr_scheduler": "constant", "warmup": 0,
+                                "per_device_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 4,
+                                "max_length": 4096, **changes})
+
+
+def test_dpo_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path):
+    result = train_dpo(dpo_config(), tiny, folder, tmp_path / "run")
+    summary, metrics = read_run(result.run_dir)
+    assert summary["rows"] == summary["rows_trained"] == 6 and summary["steps"] == 4 == len(metrics)
+    assert metrics[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference at step 1
+    assert metrics[-1]["loss"] < metrics[0]["loss"] and metrics[-1]["rewards/margins"] > metrics[0]["rewards/margins"]
+    assert {"rewards/accuracies", "learning_rate"} <= set(metrics[0])
+    assert summary["tokens_per_second"] > 0
+    trained = AutoModelForCausalLM.from_pretrained(result.checkpoint)
+    start = AutoModelForCausalLM.from_pretrained(tiny)
+    changed = sum(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), start.state_dict().values()))
+    assert changed > 0
+    assert AutoTokenizer.from_pretrained(result.checkpoint).chat_template
+    used = json.loads((result.run_dir / "config.json").read_text())
+    assert used["settings"]["beta"] == 0.1 and used["starting_model"] == tiny
+    assert (result.run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_dpo_with_lora_saves_an_adapter_that_loads(folder, tiny, tmp_path):
+    from peft import PeftModel
+
+    result = train_dpo(dpo_config(max_steps=2, lora=LoraSettings(enabled=True, r=4, alpha=8)), tiny, folder,
+                       tmp_path / "run")
+    files = {p.name for p in result.checkpoint.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "model.safetensors" not in files
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny), result.checkpoint)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    base = AutoModelForCausalLM.from_pretrained(tiny)
+    assert not torch.allclose(adapted(ids).logits, base(ids).logits)  # the adapter learned something
+
+
+def test_group_advantages_and_which_attempts_form_a_group():
+    for rewards in ([0.0, 1.0, 1.0, 0.0, 0.0], [1.0, 0.0], [0.2, 0.5, 0.9]):
+        assert sum(group_advantages(rewards)) == pytest.approx(0.0, abs=1e-9)
+    assert group_advantages([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0] == group_advantages([0.0, 0.0, 0.0])
+    assert group_advantages([0.0, 1.0]) == [-1.0, 1.0]
+    members = [{"sampled_under": "unguided", "resolved": False, "id": "u"},
+               {"sampled_under": "guided", "resolved": True, "id": "g"}]
+    assert [m["id"] for m in training_group(members)] == ["u", "g"]  # ActGuide: G+ merged into G
+    assert [m["id"] for m in training_group(members, "replace")] == ["g"]
+    solved = [{**members[0], "resolved": True}, members[1]]
+    assert [m["id"] for m in training_group(solved)] == ["u"]  # no guidance needed: the unguided group
+
+
+@pytest.fixture(scope="module")
+def trainer(folder, tiny):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    torch.manual_seed(0)
+    config = ActGuideTrainingConfig(learning_rate=1e-3, batch_size=3, max_steps=4, kl_weight=0.01)
+    examples, counts = prepare_examples(read_split(folder, "actguide"), tokenizer, config)
+    return ActGuideTrainer(AutoModelForCausalLM.from_pretrained(tiny), tokenizer, examples, config), tokenizer, counts
+
+
+def test_actguide_examples_are_the_groups_with_signal(trainer):
+    t, _, counts = trainer
+    assert counts == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "too_long": 0,
+                      "recorded_logprobs": 0}
+    by_id = {e.rollout_id: e for e in t.examples}
+    assert sorted(by_id) == ["t3u0", "t3u1", "t4a0", "t4a1", "t4u0", "t4u1"]  # t3's guided attempt is not used
+    assert sum(e.advantage for e in t.examples if e.group_id == by_id["t4u0"].group_id) == pytest.approx(0.0)
+    for e in t.examples:  # the two prompts differ only by the hint; the response tokens are shared
+        assert len(e.guided_prompt_ids) > len(e.prompt_ids) and len(e.mask) == len(e.response_ids)
+
+
+def test_the_mask_covers_exactly_the_assistant_turns(trainer):
+    t, tokenizer, _ = trainer
+    e = next(e for e in t.examples if e.rollout_id == "t4u1")  # two tool calls, two observations, a last word
+    spans, current = [], []
+    for token, keep in zip(e.response_ids, e.mask):
+        if keep:
+            current.append(token)
+        elif current:
+            spans.append(tokenizer.decode(current))
+            current = []
+    spans += [tokenizer.decode(current)] if current else []
+    assert len(spans) == 3 and all(span.endswith(IM_END) for span in spans)
+    assert spans[0].startswith("step 0 of t4u1") and '"command": "echo t4u1 0"' in spans[0]
+    assert spans[2] == f"done t4u1{IM_END}"
+    assert not any("<|im_start|>" in span for span in spans)  # no observation, no turn header
+    observations = tokenizer.decode([tok for tok, keep in zip(e.response_ids, e.mask) if not keep])
+    assert "<|im_start|>tool\nt4u1 0" in observations and "<|im_start|>tool\nt4u1 1" in observations
+
+
+def test_step_zero_ratio_is_one_unguided_and_the_guided_denominator_is_the_guided_prompt(trainer, tiny):
+    t, tokenizer, _ = trainer
+    first = t.batches[0]
+    with torch.no_grad():
+        log_ratios = t.log_ratios(first, t._logps(first, guided=False))
+    unguided = [lr for i, lr in zip(first, log_ratios) if t.examples[i].sampled_under == "unguided"]
+    assert unguided and all(torch.equal(lr, torch.zeros_like(lr)) for lr in unguided)
+    independent = AutoModelForCausalLM.from_pretrained(tiny).eval()
+    for i, e in enumerate(t.examples):
+        if e.sampled_under != "guided":
+            continue
+        ids = torch.tensor([e.guided_prompt_ids + e.response_ids])
+        with torch.no_grad():
+            logits = independent(ids).logits[0, :-1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)[len(e.guided_prompt_ids) - 1:]
+        assert torch.allclose(t.behaviour[i], expected, atol=1e-5)
+        unguided_view = response_logps(independent, [e.prompt_ids], [e.response_ids], t.pad_id)[0]
+        assert not torch.allclose(t.behaviour[i], unguided_view, atol=1e-3)  # the hint changes the denominator
+
+
+def test_actguide_loss_falls_on_a_repeated_batch(folder, tiny, tmp_path):
+    config = ActGuideTrainingConfig(learning_rate=2e-3, batch_size=16, max_steps=5, kl_weight=0.0)
+    result = train_actguide(config, tiny, folder, tmp_path / "run")
+    summary, metrics = read_run(result.run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5] and summary["trajectories"] == 6
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    assert 0 < summary["forward_share"] < 1 and summary["tokens_per_second"] > 0
+    assert (result.checkpoint / "model.safetensors").exists()
+
+
+def test_a_pipes_launch_reports_its_steps_and_summary_to_the_asset(folder, tiny, tmp_path):
+    """The default launch command: `accelerate launch ... -m training.run actguide` in its own process."""
+    data = tmp_path / "data"
+    (data / "datasets").mkdir(parents=True)
+    (data / "datasets" / "hf").symlink_to(folder)
+    settings = HandholdSettings(data_dir=str(data), batch="b1", training={
+        "model": tiny, "launcher": "pipes", "actguide": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 2}})
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([actguide_model], instance=instance,
+                            resources={"settings": settings, "credentials": Credentials()})
+    assert result.success
+    meta = result.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata
+    assert meta["launcher"].value == "pipes" and meta["stage"].value == "actguide"  # reported by the subprocess
+    assert meta["steps"].value == 2 and meta["checkpoint"].value.endswith("models/actguide/b1/checkpoint")
+    assert meta["loss_curve"].value.startswith("![loss](data:image/png;base64,")
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert sum("actguide step {" in message for message in logs) == 2
+
+
+def test_pass_at_1_interval_and_held_out_tasks():
+    low, high = wilson_interval(0, 5)
+    assert low == 0.0 and high == pytest.approx(0.4345, abs=1e-4)
+    low, high = wilson_interval(5, 10)
+    assert (round(low, 4), round(high, 4)) == (0.2366, 0.7634)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+    class T:
+        def __init__(self, instance_id):
+            self.instance_id = instance_id
+
+    tasks = [T(f"task-{i}") for i in range(200)]
+    held = held_out_tasks(tasks, 0.1)
+    assert 8 <= len(held) <= 35 and held_out_tasks(tasks, 0.1, limit=3) == held[:3]
+    assert held_out_tasks(tasks, 0.0) == []

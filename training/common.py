@@ -1,0 +1,125 @@
+"""What both training stages share: the starting model, the run folder, per-step metrics, the result.
+
+A run folder holds `checkpoint/` (model or adapter, and tokenizer), `config.json` (the settings used,
+the starting model, the data), `metrics.jsonl` (one line per logged step), `summary.json` and
+`loss.png`. The Dagster assets read these whichever way the stage was launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.pictures import line_chart_png
+from training.tiny_model import build_tiny_model
+
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+Reporter = Callable[[dict[str, Any]], None]
+
+
+class TrainingDataError(ValueError):
+    """The stage has nothing it can train on (no rows, every group of equal rewards, ...)."""
+
+
+def read_split(dataset_folder: str | Path, config: str, split: str = "train"):
+    """One config's split of an exported folder as an in-memory `datasets.Dataset`, read from its shard.
+
+    Not `load_dataset(folder, config)`: its cache of a local folder is keyed on the card, so a folder
+    rewritten in place with the same row counts and sizes could load yesterday's rows."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    from pipeline.datasets.export import shard_path
+
+    folder = Path(dataset_folder)
+    if not (folder / "README.md").exists():
+        raise TrainingDataError(f"{folder} is not an exported dataset folder (no README.md); "
+                                "materialize dataset_export first")
+    path = folder / shard_path(config, split)
+    if not path.exists():
+        raise TrainingDataError(f"{folder}: no '{config}' {split} rows (no {path.relative_to(folder)}); "
+                                f"the datasets stage made none for this stage to train on")
+    rows = Dataset(InMemoryTable(pq.read_table(path)))
+    if rows.num_rows == 0:
+        raise TrainingDataError(f"{path}: the '{config}' {split} split is empty")
+    return rows
+
+
+def starting_model(model: str, data_dir: str | Path) -> str:
+    """`model`, or the tiny offline model built (once) under `data_dir/models/tiny`."""
+    return model or str(build_tiny_model(Path(data_dir) / "models" / "tiny"))
+
+
+def load_model(path: str, precision: str):
+    """A causal LM in the dtype `precision` names."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, PRECISION_DTYPES[precision]))
+
+
+def fresh_run_dir(out_dir: str | Path) -> Path:
+    """`out_dir`, emptied: a rerun never mixes its files with an earlier run's."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    return out
+
+
+class MetricsLog:
+    """Appends each step's metrics to `metrics.jsonl` as it comes and passes it on to `report`."""
+
+    def __init__(self, out_dir: Path, report: Reporter | None = None):
+        self.path, self.report, self.rows = out_dir / "metrics.jsonl", report, []
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        row = {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+               for k, v in metrics.items()}
+        self.rows.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.report:
+            self.report(row)
+
+
+@dataclass
+class TrainResult:
+    """Where a finished run's files are, and its headline numbers."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run_dir / "checkpoint"
+
+
+def finish_run(run_dir: Path, used: dict[str, Any], summary: dict[str, Any], metrics: list[dict[str, Any]],
+               curves: tuple[str, ...] = ("loss",)) -> TrainResult:
+    """Write config.json (`used`: the settings, starting model and data), summary.json and the loss
+    curve picture; return the result."""
+    (run_dir / "config.json").write_text(json.dumps(used, indent=2, default=_plain))
+    losses = [[m[c] for m in metrics if isinstance(m.get(c), float)] for c in curves]
+    (run_dir / "loss.png").write_bytes(line_chart_png(losses))
+    summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return TrainResult(run_dir, summary)
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
+
+
+def read_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A finished run's summary and per-step metrics, read back from its folder."""
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+    return summary, [json.loads(line) for line in lines]

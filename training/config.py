@@ -1,0 +1,139 @@
+"""Every setting of the training and evaluation stages, in the pipeline's config dataclasses.
+
+`HandholdConfig.training` composes `TrainingConfig`; a YAML experiment file sets any of these
+(`handhold config` prints them all, documented).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters (peft) instead of full fine-tuning."""
+
+    enabled: bool = False
+    """Train LoRA adapters and save only the adapter; False: full fine-tuning, the whole model saved."""
+    r: int = 16
+    """Rank of each adapter."""
+    alpha: int = 32
+    """Scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.05
+    """Dropout on the adapter's input."""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """Module names to adapt; 'all-linear' is every linear layer but the output head."""
+
+
+@dataclass(frozen=True)
+class DPOTrainingConfig:
+    """Offline DPO (TRL's DPOTrainer) on the exported `dpo` rows, tool observations masked out of the loss."""
+
+    enabled: bool = True
+    """Train; False: the dpo_model asset says it skipped."""
+    beta: float = 0.1
+    """Strength of the KL-like pull to the reference model."""
+    loss_type: str = "sigmoid"
+    """A loss TRL's DPOTrainer knows: sigmoid, hinge, ipo, robust, bco_pair, sppo_hard, nca_pair, apo_zero, ..."""
+    learning_rate: float = 5e-7
+    """Peak learning rate."""
+    lr_scheduler: str = "cosine"
+    """transformers scheduler name: linear, cosine, constant, constant_with_warmup, ..."""
+    warmup: float = 0.1
+    """Warm-up steps, or a fraction of all steps when below 1."""
+    per_device_batch_size: int = 1
+    """Pairs per device per forward pass."""
+    gradient_accumulation_steps: int = 8
+    """Forward passes per optimizer step."""
+    max_length: int = 32768
+    """Tokens of prompt plus one completion; longer completions are cut at an assistant-turn boundary."""
+    min_assistant_turns: int = 1
+    """A pair keeping fewer whole assistant turns than this on either side after the cut is dropped."""
+    epochs: float = 1.0
+    """Passes over the training split."""
+    max_steps: int = -1
+    """Optimizer steps; -1: as many as `epochs` makes."""
+    precision: Precision = "fp32"
+    """fp32, bf16 or fp16 (the last two need hardware that has them)."""
+    precompute_ref_log_probs: bool = False
+    """Compute the reference model's log-probs once before training, then free it (saves memory)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (saves memory, costs time)."""
+    seed: int = 0
+    """Seed of data order and initialisation of adapters."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """Adapters instead of full fine-tuning."""
+
+
+@dataclass(frozen=True)
+class ActGuideTrainingConfig:
+    """ActGuide-RL's mixed-policy objective, offline, over the stored rollouts of the `actguide` rows."""
+
+    enabled: bool = True
+    """Train; False: the actguide_model asset says it skipped."""
+    guided_group: Literal["merge", "replace"] = "merge"
+    """A task whose unguided attempts all failed: its guided attempts merged into the group (ActGuide-RL) or replacing it."""
+    learning_rate: float = 1e-6
+    """Learning rate (AdamW)."""
+    lr_scheduler: str = "constant"
+    """transformers scheduler name: linear, cosine, constant, ..."""
+    epochs: int = 1
+    """Passes over the trajectories."""
+    max_steps: int = -1
+    """Optimizer steps; -1: as many as `epochs` makes."""
+    batch_size: int = 8
+    """Trajectories per optimizer step."""
+    clip: float = 0.2
+    """The ratio is clipped to [1 - clip, 1 + clip]."""
+    kl_weight: float = 0.001
+    """Weight of the KL (k3) to the starting model on the unguided prompt (ActGuide-RL: 0.001); 0: no KL term."""
+    max_length: int = 32768
+    """Tokens of the longer (guided) prompt plus the response; the response's tail beyond it is cut."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this norm."""
+    precision: Precision = "fp32"
+    """fp32, bf16 or fp16: the dtype the model is loaded in."""
+    seed: int = 0
+    """Seed of the trajectory order."""
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """Unguided pass@1 of the trained policy and of the starting model, on the held-out test tasks."""
+
+    enabled: bool = True
+    """Evaluate; False: the policy_evaluation asset says it skipped."""
+    tasks: int = 0
+    """Most held-out tasks evaluated (0: all of the test split)."""
+    attempts: int = 1
+    """Attempts per task; pass@1 is the mean share of resolved attempts."""
+    max_steps: int = 20
+    """Agent steps per attempt."""
+    max_new_tokens: int = 1024
+    """Tokens per model turn."""
+    temperature: float = 0.0
+    """Sampling temperature; 0: greedy."""
+    base_url: str = ""
+    """An OpenAI-compatible server (vLLM) serving each model under its name here (starting, dpo, actguide,
+    e.g. `--served-model-name` or `--lora-modules dpo=...`); '': every model runs in process."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Which model is trained, how the training process is launched, and each stage's settings."""
+
+    model: str = ""
+    """Starting policy (a local directory or Hub name); '': the tiny offline model, built under data_dir/models."""
+    launcher: Literal["in_process", "pipes"] = "in_process"
+    """in_process: train inside the asset's process; pipes: launch `launch_command` as a Dagster Pipes subprocess."""
+    launch_command: str = "python -m accelerate.commands.launch --num_processes 1 -m"
+    """Command a pipes launch runs, followed by `training.run <stage>`; 'python' is this interpreter."""
+    dpo: DPOTrainingConfig = field(default_factory=DPOTrainingConfig)
+    """Offline DPO."""
+    actguide: ActGuideTrainingConfig = field(default_factory=ActGuideTrainingConfig)
+    """ActGuide mixed-policy stage."""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """Unguided evaluation of the trained policy."""

@@ -1,0 +1,96 @@
+"""Offline DPO on the exported `dpo` rows: TRL's DPOTrainer with tool observations masked out of the loss.
+
+    result = train_dpo(DPOTrainingConfig(), model_path, dataset_folder, run_dir)
+
+Rows come from the exported dataset folder's `dpo` train shard: the
+unguided prompt, a success as chosen and an unguided failure as rejected. Only the policy's own
+tokens (assistant text, tool-call text, end of turn) count in the log-ratios
+(`pipeline.datasets.masking.AssistantOnlyDPOTrainer`). The run folder gets the checkpoint (the full
+model, or the LoRA adapter), the tokenizer, the settings used and the metrics of every step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
+                             fresh_run_dir, load_model, read_split)
+from training.config import DPOTrainingConfig
+
+KEPT_METRICS = ("loss", "rewards/margins", "rewards/accuracies", "rewards/chosen", "rewards/rejected",
+                "learning_rate", "grad_norm", "epoch")
+COLUMNS = ["prompt", "chosen", "rejected", "tools"]
+
+
+def load_rows(dataset_folder: str | Path, split: str = "train"):
+    """The `dpo` config's rows of an exported folder, the trainer's columns only."""
+    return read_split(dataset_folder, "dpo", split).select_columns(COLUMNS)
+
+
+def dpo_args(config: DPOTrainingConfig, out_dir: Path, use_cpu: bool):
+    """TRL's DPOConfig for these settings (masking cuts turns itself, so TRL's max_length is None)."""
+    from trl import DPOConfig
+
+    return DPOConfig(
+        output_dir=str(out_dir / "trainer"), beta=config.beta, loss_type=[config.loss_type],
+        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
+        per_device_train_batch_size=config.per_device_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
+        max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
+        precompute_ref_log_probs=config.precompute_ref_log_probs,
+        activation_checkpointing=config.gradient_checkpointing, seed=config.seed, max_length=None,
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
+        include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+
+
+def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | Path, out_dir: str | Path,
+              report: Reporter | None = None) -> TrainResult:
+    """Train on the folder's `dpo` train split; write the run folder `out_dir` (emptied first)."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, TrainerCallback
+
+    from pipeline.datasets.masking import AssistantOnlyDPOTrainer, TruncationPolicy
+
+    rows = load_rows(dataset_folder)
+    out = fresh_run_dir(out_dir)
+    metrics = MetricsLog(out, report)
+
+    class Metrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                metrics.add({"step": state.global_step, **{k: logs[k] for k in KEPT_METRICS if k in logs}})
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    peft_config = None
+    if config.lora.enabled:
+        modules = config.lora.target_modules
+        peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                                 target_modules=modules[0] if modules == ("all-linear",) else list(modules),
+                                 task_type="CAUSAL_LM")
+    trainer = AssistantOnlyDPOTrainer(
+        load_model(model_path, config.precision), args=dpo_args(config, out, not torch.cuda.is_available()),
+        processing_class=tokenizer, train_dataset=rows, peft_config=peft_config, callbacks=[Metrics()],
+        truncation=TruncationPolicy(config.max_length, config.min_assistant_turns))
+    kept = trainer.truncation_counts.get("train", {})
+    if trainer.train_dataset.num_rows == 0:
+        raise TrainingDataError(f"every one of {rows.num_rows} DPO rows was dropped by the truncation policy "
+                                f"({kept}); raise training.dpo.max_length")
+    start = time.monotonic()
+    output = trainer.train()
+    seconds = time.monotonic() - start
+    trainer.save_model(str(out / "checkpoint"))  # the adapter alone under LoRA
+    tokenizer.save_pretrained(str(out / "checkpoint"))
+    tokens = trainer.state.num_input_tokens_seen
+    history = metrics.rows
+    summary = {
+        "stage": "dpo", "starting_model": model_path, "dataset": str(dataset_folder), "rows": rows.num_rows,
+        "rows_trained": trainer.train_dataset.num_rows, "truncation": kept, "steps": trainer.state.global_step,
+        "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[config.precision],
+        "first_loss": history[0]["loss"] if history else None, "final_loss": history[-1]["loss"] if history else None,
+        "final_reward_margin": history[-1].get("rewards/margins") if history else None,
+        "final_reward_accuracy": history[-1].get("rewards/accuracies") if history else None,
+        "train_loss": output.training_loss, "seconds": round(seconds, 2), "tokens": int(tokens),
+        "tokens_per_second": round(tokens / seconds, 1) if seconds else None}
+    return finish_run(out, {"stage": "dpo", "starting_model": model_path, "settings": config}, summary, history)
