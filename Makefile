@@ -5,17 +5,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test docker base-image install dev bench
+.PHONY: demo test docker base-image install dev bench chromium
 
 demo: base-image
 	$(VENV)/bin/handhold demo
 
-test: base-image
+test: base-image chromium
 	HANDHOLD_REQUIRE_DOCKER=1 $(PY) -m pytest -q
 
+# The Dagster UI: the code location `handhold` ([tool.dagster] in pyproject.toml), the instance in DAGSTER_HOME
+# (its dagster.yaml caps the sandboxes pool: HANDHOLD_SANDBOX_POOL_LIMIT=N make dev).
 dev: base-image
 	@$(PY) -c "from pipeline.cli import ensure_dagster_home; ensure_dagster_home()"
-	$(VENV)/bin/dagster dev -m assets.definitions
+	$(VENV)/bin/dagster dev
 
 bench: base-image
 	$(PY) benchmarks/sandbox_exec.py
@@ -30,6 +32,17 @@ $(STAMP): pyproject.toml constraints.txt
 
 docker:
 	@bash scripts/ensure_docker.sh
+
+# Debian's chromium, which tests/test_ui.py drives headless: installed as root on Debian when missing.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "Installing chromium from Debian's packages (the UI test drives it)..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "tests/test_ui.py needs Chromium: install it (Debian: apt-get install chromium), then run this again." >&2; \
+	    exit 1; \
+	  fi; }
 
 base-image: install docker
 	@$(VENV)/bin/handhold base-image

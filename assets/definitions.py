@@ -7,6 +7,7 @@ import dagster as dg
 from assets.datasets import dataset_checks, dataset_export, hub_publication, training_datasets
 from assets.environments import environment_images, sandbox_base_image, task_sources, tasks
 from assets.guidance import guidance, guided_rollouts
+from assets.partitions import nightly_schedule, task_source_sensor
 from assets.resources import Credentials, HandholdSettings, config_model
 from assets.rollouts import unguided_rollouts
 from assets.training import actguide_model, dpo_model, policy_evaluation
@@ -52,9 +53,8 @@ def missing_prod_env(environ: dict) -> list[str]:
 def definitions(deployment: str = "local") -> dg.Definitions:
     main_job = dg.define_asset_job("main", selection=dg.AssetSelection.all(),
                                    description="The whole graph: environments to trained policy.")
-    nightly = dg.ScheduleDefinition(name="nightly", job=main_job, cron_schedule="0 2 * * *",
-                                    default_status=dg.DefaultScheduleStatus.STOPPED)
-    return dg.Definitions(assets=all_assets, asset_checks=dataset_checks, jobs=[main_job], schedules=[nightly],
+    return dg.Definitions(assets=all_assets, asset_checks=dataset_checks, jobs=[main_job],
+                          schedules=[nightly_schedule(main_job)], sensors=[task_source_sensor(main_job)],
                           resources=resources(deployment))
 
 

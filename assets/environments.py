@@ -5,6 +5,7 @@ import json
 
 import dagster as dg
 
+from assets.checks import TASK_CHECK, task_check
 from assets.resources import Credentials, HandholdSettings
 from pipeline.guidance.rescue import teacher_client
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
@@ -55,7 +56,7 @@ def environment_images(settings: HandholdSettings) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={"images": tags, "count": len(tags)})
 
 
-@dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images])
+@dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images], check_specs=[TASK_CHECK])
 def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
           credentials: Credentials) -> dg.MaterializeResult:
     """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
@@ -77,4 +78,4 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     return dg.MaterializeResult(metadata={
         "path": str(path), "tasks": len(all_tasks), "rejected": len(rejects), "synth_seconds": stats["seconds"],
         "per_package": stats["per_package"], "per_kind": stats["per_kind"],
-    })
+    }, check_results=[task_check(all_tasks, config.recheck_tasks)])

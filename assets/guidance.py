@@ -2,7 +2,9 @@
 
 import dagster as dg
 
-from assets.resources import Credentials, HandholdSettings, make_policy
+from assets.checks import rollout_check_specs, rollout_checks
+from assets.partitions import BATCHES
+from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
 from assets.rollouts import load_tasks
 from pipeline.guidance.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
     make_teacher, recovery, teacher_plans
@@ -12,7 +14,9 @@ from pipeline.rollouts import run_batch
 from pipeline.store import read_batch, read_records, write_rows
 
 
-@dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes")
+@dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",
+          partitions_def=BATCHES)
+@retried_on_infra
 def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
              credentials: Credentials) -> dg.MaterializeResult:
     """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
@@ -41,7 +45,9 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     })
 
 
-@dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=[guidance], pool="sandboxes")
+@dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=[guidance], pool="sandboxes",
+          partitions_def=BATCHES, check_specs=rollout_check_specs("guided_rollouts"))
+@retried_on_infra
 def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                     credentials: Credentials) -> dg.MaterializeResult:
     """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
@@ -54,8 +60,10 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     out = settings.path("trajectories", "guided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
+    invariants = batch_invariants(guided, tasks)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
         "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
-        **{f"batch_{k}": v for k, v in summary.metrics().items()}, **batch_invariants(guided, tasks),
-    })
+        **{f"batch_{k}": v for k, v in summary.metrics().items()}, **invariants,
+    }, check_results=rollout_checks("guided_rollouts", out / "trajectories.parquet", batch, guided, invariants,
+                                    config.max_infra_error_rate))

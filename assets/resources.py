@@ -7,6 +7,7 @@ Clients (policy, teacher) are built only by the asset that uses them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import typing
@@ -69,9 +70,11 @@ class _Settings(dg.ConfigurableResource):
         return out
 
     def batch_name(self, context) -> str:
-        """`batch`, or the UTC date the run was created (the same for every asset of a run)."""
-        if self.batch:
-            return self.batch
+        """The run's batch partition; else `batch`; else the UTC date the run was created (the same for
+        every asset of a run)."""
+        partition = context.run.tags.get("dagster/partition")
+        if partition or self.batch:
+            return partition or self.batch
         record = context.instance.get_run_record_by_id(context.run_id)
         created = record.create_timestamp if record else datetime.now(timezone.utc)
         return created.strftime("%Y-%m-%d")
@@ -97,6 +100,36 @@ class Credentials(dg.ConfigurableResource):
     def key(self, which: str) -> str | None:
         """A key, or None to let the client read its environment variable."""
         return getattr(self, f"{which}_api_key") or None
+
+
+@contextlib.contextmanager
+def retry_on_infra(context, retries: int = 3, first_wait: float = 30.0):
+    """Re-run the step, waiting first_wait, then twice as long each time, when the Docker engine, a sandbox
+    or the model server fails it; any other error fails the step at once. Work already stored is kept
+    (batches resume)."""
+    import docker
+
+    from pipeline.agent.policy import PolicyError
+    from sandbox.base import SandboxError
+
+    try:
+        yield
+    except (docker.errors.DockerException, SandboxError, PolicyError, ConnectionError, TimeoutError) as error:
+        wait = first_wait * 2 ** context.retry_number
+        context.log.warning(f"infrastructure error ({type(error).__name__}: {error}); retry "
+                            f"{context.retry_number + 1} of {retries} in {wait:.0f} s")
+        raise dg.RetryRequested(max_retries=retries, seconds_to_wait=wait) from error
+
+
+def retried_on_infra(compute):
+    """An asset's compute function run under `retry_on_infra` (its first parameter is the context)."""
+
+    @functools.wraps(compute)
+    def run(context, *args, **kwargs):
+        with retry_on_infra(context):
+            return compute(context, *args, **kwargs)
+
+    return run
 
 
 def make_policy(settings: _Settings, credentials: Credentials):

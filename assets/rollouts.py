@@ -4,7 +4,9 @@ from itertools import zip_longest
 
 import dagster as dg
 
-from assets.resources import Credentials, HandholdSettings, make_policy
+from assets.checks import rollout_check_specs, rollout_checks
+from assets.partitions import BATCHES
+from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.invariants import batch_invariants
 from pipeline.rollouts import plan_jobs, run_batch
@@ -22,7 +24,9 @@ def load_tasks(settings: HandholdSettings) -> list[Task]:
     return tasks[:limit] if limit else tasks
 
 
-@dg.asset(group_name="rollouts", kinds={"parquet", "docker"}, deps=["tasks"], pool="sandboxes")
+@dg.asset(group_name="rollouts", kinds={"parquet", "docker"}, deps=["tasks"], pool="sandboxes",
+          partitions_def=BATCHES, check_specs=rollout_check_specs("unguided_rollouts"))
+@retried_on_infra
 def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
     """N unguided attempts per task by the configured policy, each graded by the task's tests."""
@@ -32,8 +36,9 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
     out = settings.path("trajectories", "unguided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
     metrics = summary.metrics()
+    invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks})
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "policy": policy.name, "tasks": len(tasks),
-        "attempts_per_task": config.attempts, **metrics,
-        **batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks}),
-    })
+        "attempts_per_task": config.attempts, **metrics, **invariants,
+    }, check_results=rollout_checks("unguided_rollouts", out / "trajectories.parquet", batch, summary.trajectories,
+                                    invariants, config.max_infra_error_rate))

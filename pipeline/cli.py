@@ -1,4 +1,8 @@
-"""The `handhold` command: run the main job headless, or one stage."""
+"""The `handhold` command: materialize a selection of the graph headless, see what is materialized, print settings.
+
+Exit codes: 0 everything asked for succeeded, 1 a step failed, 2 bad usage or settings (nothing ran),
+130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +10,81 @@ import argparse
 import logging
 import os
 import sys
+import time
+import uuid
+from datetime import datetime
 from pathlib import Path
 
+import yaml
 
-DAGSTER_YAML = """\
-# Written by handhold when missing: pipeline logs show in the Dagster UI; no telemetry.
+POOL = "sandboxes"  # the graph's one concurrency pool: steps that run Docker sandboxes
+DEFAULT_POOL_LIMIT = 2  # steps of the pool at once, across runs: the cores of the machine it was sized on
+POOL_LIMIT_ENV = "HANDHOLD_SANDBOX_POOL_LIMIT"
+MARK = "# Written by handhold"
+DAGSTER_YAML = MARK + """ (pipeline/cli.py), which rewrites it: delete this line to keep your own edits.
+# Pipeline logs show in the Dagster UI; no telemetry.
 python_logs:
   managed_python_loggers: [pipeline, sandbox, training]
   python_log_level: INFO
 telemetry:
   enabled: false
+# At most {limit} steps of the `sandboxes` pool (rollouts, guidance, evaluation) run at once, across
+# all runs; the others wait. It is the graph's only pool. {env}=N before `handhold` or
+# `make dev` sets another limit.
+concurrency:
+  pools:
+    default_limit: {limit}
 """
+DEFAULT_CONFIG = "configs/default.yaml"
+SELECTION_HELP = "a Dagster asset selection, e.g. 'key:tasks+', 'key:tasks or key:guidance', 'group:datasets'"
 
 
-def ensure_dagster_home() -> Path:
-    """DAGSTER_HOME (default .dagster_home), with a dagster.yaml that captures handhold's logs."""
+class UsageError(Exception):
+    """Bad arguments or settings: reported with exit code 2 before anything runs."""
+
+
+def sandbox_pool_limit(limit: int | None = None) -> int:
+    """The `sandboxes` pool limit: `limit`, else $HANDHOLD_SANDBOX_POOL_LIMIT, else DEFAULT_POOL_LIMIT."""
+    raw = limit if limit is not None else os.environ.get(POOL_LIMIT_ENV) or DEFAULT_POOL_LIMIT
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"{POOL_LIMIT_ENV}={raw!r}: the sandboxes pool limit must be a whole number >= 1")
+    return value
+
+
+def ensure_dagster_home(pool_limit: int | None = None) -> Path:
+    """DAGSTER_HOME (default .dagster_home) with handhold's dagster.yaml: logs captured, the sandboxes pool
+    capped. A dagster.yaml handhold wrote is brought up to date; one a user wrote is left alone."""
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster_home").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists() or not config.read_text().strip():
-        config.write_text(DAGSTER_YAML)
+    current = config.read_text() if config.exists() else ""
+    wanted = DAGSTER_YAML.format(limit=sandbox_pool_limit(pool_limit), env=POOL_LIMIT_ENV)
+    if not current.strip() or current.startswith(MARK):
+        if current != wanted:
+            config.write_text(wanted)
+    elif "concurrency" not in (yaml.safe_load(current) or {}):
+        print(f"handhold: {config} is yours, so it is left as it is, and nothing caps the `{POOL}` pool: add\n"
+              f"  concurrency:\n    pools:\n      default_limit: {sandbox_pool_limit(pool_limit)}\n"
+              f"to it, or run `dagster instance concurrency set {POOL} N`.", file=sys.stderr)
     return home
 
 
-DEFAULT_CONFIG = "configs/default.yaml"
+def instance_with_pool_limit():
+    """The DAGSTER_HOME instance, its stored `sandboxes` limit brought to dagster.yaml's now (Dagster itself
+    does it at the pool's next step), unless someone set the pool's limit by hand."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.get()
+    storage = instance.event_log_storage
+    if storage.supports_global_concurrency_limits:
+        info = storage.get_concurrency_info(POOL)
+        if info.using_default_limit or not info.slot_count:
+            storage.initialize_concurrency_limit_to_default(POOL)
+    return instance
 
 
 def run_config(config_file: str | None, pairs: list[str]) -> dict:
@@ -40,35 +95,175 @@ def run_config(config_file: str | None, pairs: list[str]) -> dict:
         data = read_settings(config_file) if config_file else {}
         values = with_overrides(data, pairs, where=f"{config_file or 'settings'} with --set")
     except SettingsError as exc:
-        raise SystemExit(f"handhold: {exc}") from None
+        raise UsageError(str(exc)) from None
     return {"resources": {"settings": {"config": values}}} if values else {}
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Materialize the whole asset graph in process, recorded in DAGSTER_HOME, and say where outputs are."""
+def selected_keys(defs, selection: str) -> list:
+    """The asset keys a Dagster selection string names (e.g. `key:tasks+`, `group:datasets`), in graph order."""
     import dagster as dg
 
+    graph = defs.resolve_asset_graph()
+    known = ", ".join(k.to_user_string() for k in graph.toposorted_asset_keys)
+    try:
+        keys = dg.AssetSelection.from_string(selection).resolve(graph)
+    except Exception as exc:  # Dagster raises several kinds: bad syntax, unknown key
+        raise UsageError(f"--select {selection!r}: {str(exc).splitlines()[0]}\n{SELECTION_HELP}\n"
+                         f"the assets: {known}") from None
+    if not keys:
+        raise UsageError(f"--select {selection!r} selects no asset\nthe assets: {known}")
+    return [k for k in graph.toposorted_asset_keys if k in keys]
+
+
+def batch_partition(defs, instance, keys: list, settings: dict) -> str | None:
+    """The batch partition a run of partitioned assets writes (`batch`, else the UTC date), added if new."""
+    from assets.partitions import batch_key, ensure_batch
+
+    graph = defs.resolve_asset_graph()
+    if not any(graph.get(k).partitions_def for k in keys):
+        return None
+    return ensure_batch(instance, batch_key(settings.get("batch", "")))
+
+
+def headline(metadata: dict, most: int = 6) -> str:
+    """A materialization's numbers, `name=value`, the first `most` of them."""
+    values = [(name, getattr(value, "value", value)) for name, value in metadata.items()]
+    numbers = [f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}" for name, value in values
+               if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    return " ".join(numbers[:most])
+
+
+class Progress:
+    """Prints a line per step started and finished, with a bar, the count done and seconds taken."""
+
+    def __init__(self, steps: int, out=None, width: int = 20):
+        self.steps, self.out, self.width, self.done, self.started = steps, out, width, 0, {}
+
+    def __call__(self, entry) -> None:
+        event = entry.dagster_event
+        if event is None or not event.step_key:
+            return
+        kind = event.event_type_value
+        if kind == "STEP_START":
+            self.started[event.step_key] = entry.timestamp
+            self.line(f"{event.step_key} started")
+        elif kind in ("STEP_SUCCESS", "STEP_FAILURE", "STEP_SKIPPED"):
+            self.done += 1
+            took = entry.timestamp - self.started.get(event.step_key, entry.timestamp)
+            verb = {"STEP_SUCCESS": "succeeded", "STEP_FAILURE": "FAILED", "STEP_SKIPPED": "skipped"}[kind]
+            self.line(f"{event.step_key} {verb} ({took:.1f} s)")
+
+    def line(self, text: str) -> None:
+        filled = self.width * self.done // max(self.steps, 1)
+        print(f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.steps}  {text}",
+              file=self.out or sys.stdout, flush=True)
+
+
+def run_selection(selection: str, config_file: str | None, pairs: list[str], full: bool = False) -> int:
+    """Materialize the selected assets (and their checks) in process, recorded in DAGSTER_HOME; print a summary."""
+    from assets.definitions import defs
+
+    config = run_config(config_file, pairs)
+    keys = selected_keys(defs, selection)
+    home = ensure_dagster_home()
+    instance = instance_with_pool_limit()
+    job = defs.resolve_job_def("main")
+    steps = len(job.get_subset(asset_selection=frozenset(keys)).graph.nodes)
+    settings = config["resources"]["settings"]["config"] if config else {}
+    partition = batch_partition(defs, instance, keys, settings)
+    run_id = str(uuid.uuid4())
+    print(f"handhold run {run_id[:8]}: {len(keys)} asset(s) in {steps} step(s)"
+          f"{f', batch {partition}' if partition else ''}, recorded in {home}", flush=True)
+    instance.add_event_listener(run_id, Progress(steps))
+    # Dagster's console shows the pipeline's INFO logs and errors; Progress shows the steps.
+    start = time.monotonic()
+    result = job.execute_in_process(
+        run_config={**config, "loggers": {"console": {"config": {"log_level": "INFO"}}}}, instance=instance,
+        asset_selection=keys, partition_key=partition, run_id=run_id, raise_on_error=False)
+    print_summary(result, keys, time.monotonic() - start, full)
+    errors = [root_error(e) for e in result.get_step_failure_events()]
+    interrupted = any(e and e.cls_name == "DagsterExecutionInterruptedError" for e in errors)  # Ctrl-C
+    return 0 if result.success else 130 if interrupted else 1
+
+
+def root_error(failure):
+    """What a failed step raised (Dagster wraps it), as Dagster's serializable error info."""
+    error = failure.event_specific_data.error
+    while error and error.cause:
+        error = error.cause
+    return error
+
+
+def print_summary(result, keys: list, seconds: float, full: bool) -> None:
+    """Per asset: succeeded, failed or not run, with its numbers; per check: passed or failed; the failures."""
+    mats = {e.asset_key: e.step_materialization_data.materialization
+            for e in result.get_asset_materialization_events()}
+    failed = {e.step_key: e for e in result.get_step_failure_events()}
+    graph = result.job_def.asset_layer.asset_graph
+    print(f"\nrun {result.run_id[:8]} {'succeeded' if result.success else 'FAILED'} in {seconds:.1f} s "
+          f"(`handhold status` or `make dev` to look at it again)")
+    width = max(len(k.to_user_string()) for k in keys)
+    for key in keys:
+        step = graph.get(key).assets_def.node_def.name
+        state = "succeeded" if key in mats else "FAILED" if step in failed else "not run"
+        print(f"  {key.to_user_string():<{width}}  {state:<9}  {headline(mats[key].metadata) if key in mats else ''}"
+              .rstrip())
+        for name, value in (mats[key].metadata.items() if full and key in mats else []):
+            text = str(getattr(value, "value", value))
+            print(f"      {name}: {'(a picture: see the asset in the Dagster UI)' if 'data:image/' in text else text}")
+    for check in result.get_asset_check_evaluations():
+        print(f"  check {check.asset_key.to_user_string()}:{check.check_name}  "
+              f"{'passed' if check.passed else 'FAILED'}")
+    for step, event in failed.items():
+        error = root_error(event)
+        print(f"\nFAILED {step}: {error.message.strip() if error else event.message}")
+
+
+def run_run(args: argparse.Namespace) -> int:
+    return run_selection(args.select, args.config, args.set)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The whole graph with the default experiment, every asset's metadata printed."""
+    return run_selection("*", args.config, args.set, full=True)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """What DAGSTER_HOME records: each asset's latest materialization and numbers, checks, the latest run."""
     from assets.definitions import defs
 
     home = ensure_dagster_home()
-    instance = dg.DagsterInstance.get()
-    job = defs.resolve_job_def("main")
-    result = job.execute_in_process(instance=instance, run_config=run_config(args.config, args.set) or None,
-                                    raise_on_error=False)
-    print(f"\nrun {result.run_id}: {'succeeded' if result.success else 'FAILED'} "
-          f"(recorded in {home}; `make dev` shows it in the Dagster UI)")
-    for event in result.get_asset_materialization_events():
-        mat = event.step_materialization_data.materialization
-        print(f"\n{mat.asset_key.to_user_string()}")
-        for key, value in mat.metadata.items():
-            text = str(getattr(value, "value", value))
-            print(f"  {key}: {'(a picture: see the asset in the Dagster UI)' if 'data:image/' in text else text}")
-    for check in result.get_asset_check_evaluations():
-        print(f"\ncheck {check.asset_key.to_user_string()}:{check.check_name}: {'passed' if check.passed else 'FAILED'}")
-    for event in result.get_step_failure_events():
-        error = event.event_specific_data.error
-        print(f"\nFAILED {event.step_key}: {error.message.strip() if error else event.message}")
-    return 0 if result.success else 1
+    instance = instance_with_pool_limit()
+    graph = defs.resolve_asset_graph()
+    keys = graph.toposorted_asset_keys
+    width = max(len(k.to_user_string()) for k in keys)
+    print(f"{home}")
+    for key in keys:
+        entry = instance.get_latest_materialization_event(key)
+        mat = entry.asset_materialization if entry else None
+        when = f"{_when(entry.timestamp)}{f' [{mat.partition}]' if mat.partition else ''}" if mat else "never"
+        print(f"  {key.to_user_string():<{width}}  {when:<19}  {headline(mat.metadata) if mat else ''}".rstrip())
+    checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(graph.asset_check_keys))
+    for check_key, record in sorted(checks.items(), key=lambda kv: kv[0].to_user_string()):
+        evaluation = record.event.asset_check_evaluation if record.event else None
+        state = "not evaluated" if evaluation is None else "passed" if evaluation.passed else "FAILED"
+        print(f"  check {check_key.to_user_string()}  {state}  {_when(record.create_timestamp)}")
+    runs = instance.get_run_records(limit=1)
+    if runs:
+        run = runs[0]
+        took = f" in {run.end_time - run.start_time:.0f} s" if run.start_time and run.end_time else ""
+        print(f"latest run {run.dagster_run.run_id[:8]} ({run.dagster_run.job_name}): "
+              f"{run.dagster_run.status.value.lower()}{took}, created {_when(run.create_timestamp.timestamp())}")
+    else:
+        print("no run yet: `handhold run` or `make dev`")
+    pool = instance.event_log_storage.get_concurrency_info(POOL)
+    print(f"pool {POOL}: limit {pool.limit if pool.limit is not None else 'none'}, {pool.active_slot_count} in use, "
+          f"{pool.pending_step_count} waiting")
+    return 0
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def run_show_config(args: argparse.Namespace) -> int:
@@ -94,25 +289,39 @@ def run_base_image(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="handhold", description="Training data for SWE agents.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="materialize the whole graph headless (the main job)")
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="handhold", description="Training data for SWE agents.", epilog="exit codes: "
+                                  "0 succeeded, 1 a step failed, 2 bad usage or settings, 130 interrupted")
+    sub = top.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="materialize a selection of the graph headless (default: all of it)")
+    run.add_argument("--select", default="*", metavar="SELECTION",
+                     help=f"{SELECTION_HELP} (default: *, everything)")
+    demo = sub.add_parser("demo", help=f"the whole graph with {DEFAULT_CONFIG}, every output printed")
     show = sub.add_parser("config", help="print every setting, documented, as YAML (the defaults, or a file's)")
     show.add_argument("--write", metavar="FILE", help="write it to FILE instead")
-    for command in (demo, show):
+    for command in (run, demo, show):
         command.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG if command is demo else None,
                              help=f"YAML experiment file (default for demo: {DEFAULT_CONFIG})")
         command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                              help="override one setting, e.g. --set rollout.attempts=4 (see `handhold config`)")
+    run.set_defaults(func=run_run)
     demo.set_defaults(func=run_demo)
     show.set_defaults(func=run_show_config)
-    base = sub.add_parser("base-image", help="make sure the sandbox base image exists")
-    base.set_defaults(func=run_base_image)
-    args = parser.parse_args(argv)
-    if args.func is not run_demo:  # in a run, Dagster prints (and keeps) handhold's logs itself
+    sub.add_parser("status", help="each asset's latest materialization and numbers, the latest run") \
+        .set_defaults(func=run_status)
+    sub.add_parser("base-image", help="make sure the sandbox base image exists").set_defaults(func=run_base_image)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.func is run_base_image:  # in a run, Dagster prints (and keeps) handhold's logs itself
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"handhold: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

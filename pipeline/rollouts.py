@@ -58,6 +58,8 @@ class RolloutConfig:
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     test_timeout: float = 300.0
     """Seconds the grader's test run may take."""
+    max_infra_error_rate: float = 0.2
+    """The blocking infra_error_rate check fails a batch whose share of attempts lost to infrastructure is above this."""
     zero_suspicious: bool = True
     """A patch the grader flags as suspicious (pytest internals, exit hooks, forged verdicts) gets reward 0;
     its flags are stored on the trajectory either way."""

@@ -57,6 +57,8 @@ class HandholdConfig:
     """Batch partition name; empty: the UTC date the run was created, so a rerun the same day resumes."""
     rollout_tasks: int = 6
     """Tasks the rollout stages run on, the first ones of `tasks`, repositories interleaved (0: all)."""
+    recheck_tasks: int = 2
+    """Stored tasks the blocking tasks_validate check re-validates in fresh sandboxes each run (0: none)."""
     base_image: BaseImageConfig = field(default_factory=BaseImageConfig)
     """The sandbox base image every environment image is built on."""
     sources: SourcesConfig = field(default_factory=SourcesConfig)

@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 import polars as pl
 
+from assets.checks import ROLLOUT_CHECKS
 from assets.datasets import dataset_checks
 from assets.definitions import all_assets
+from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
 from pipeline.cli import run_config
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, GuidancePlan
 from pipeline.store import read_records
 from tests.test_datasets_build import check_rows_against_stored_attempts
 
+SMALL_TRAINING = {"dpo": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
+                          "max_steps": 2, "max_length": 4096},
+                  "actguide": {"learning_rate": 5e-4, "batch_size": 4, "max_steps": 2, "max_length": 4096},
+                  "evaluation": {"max_steps": 3, "max_new_tokens": 32}}
+
 
 def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
-    settings = HandholdSettings(data_dir=str(tmp_path / "data"), batch="test", rollout_tasks=2,
-                                synth={"packages": ["toolz"], "tasks_per_package": 2},
-                                rollout={"attempts": 2, "agent": {"max_steps": 30}},
-                                guidance={"compare_linear": False})
+    values = dict(data_dir=str(tmp_path / "data"), batch="test", rollout_tasks=2,
+                  synth={"packages": ["toolz"], "tasks_per_package": 2},
+                  rollout={"attempts": 2, "agent": {"max_steps": 30}}, guidance={"compare_linear": False},
+                  training=SMALL_TRAINING)
+    settings = HandholdSettings(**values)
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize([*all_assets, *dataset_checks], instance=instance,
+                            partition_key=ensure_batch(instance, "test"),
                             resources={"settings": settings, "credentials": Credentials()})
     assert result.success
     meta = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
@@ -43,9 +54,14 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert sorted(set(guided["guidance_kind"])) == sorted({p.kind for p in accepted})
     assert meta["guided_rollouts"]["lost_patches"].value == 0
 
-    checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {"dpo_rows_hold_no_guidance": True, "no_infra_error_attempts": True,
-                      "splits_are_disjoint_by_task": True, "export_has_no_secrets": True}
+    checks = {(e.asset_key.to_user_string(), e.asset_check_key.name): e.passed
+              for e in result.get_asset_check_evaluations()}
+    assert checks == {**{(asset, name): True for asset in ("unguided_rollouts", "guided_rollouts")
+                         for name in ROLLOUT_CHECKS},
+                      ("tasks", "tasks_validate"): True, ("dpo_dataset", "dpo_rows_hold_no_guidance"): True,
+                      ("dpo_dataset", "no_infra_error_attempts"): True,
+                      ("dpo_dataset", "splits_are_disjoint_by_task"): True,
+                      ("dataset_export", "export_has_no_secrets"): True}
     exported = {k: sum(v.values()) for k, v in meta["dataset_export"]["rows"].value.items()}
     for kind in ("dpo", "actguide", "sft"):
         assert exported.get(kind, 0) == meta[f"{kind}_dataset"]["rows"].value
@@ -53,6 +69,26 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert exported["trajectories"] == unguided.height + guided.height and exported["tasks"] == 2
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
     assert check_rows_against_stored_attempts(tmp_path / "data") >= 1
+
+    for stage in ("dpo", "actguide"):  # the tiny offline model trained for real on the exported rows
+        assert meta[f"{stage}_model"]["steps"].value == 2, stage
+        assert (tmp_path / f"data/models/{stage}/test/checkpoint").is_dir()
+        assert meta[f"{stage}_model"]["loss_curve"].value.startswith("![loss](data:image/png;base64,")
+    assert meta["dpo_model"]["rows"].value == exported["dpo"] - meta["dpo_dataset"]["splits"].value.get("test", 0)
+
+    # Every task held out: each model attempts each task unguided, in Docker, graded like any rollout
+    held_out = HandholdSettings(**values, datasets={"test_fraction": 1.0})
+    evaluation = dg.materialize([*all_assets], selection=["policy_evaluation"], instance=instance,
+                                resources={"settings": held_out, "credentials": Credentials()})
+    scores = evaluation.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata
+    assert scores["held_out_tasks"].value == 2
+    results = json.loads((tmp_path / "data/evaluation/test/pass_at_1.json").read_text())
+    assert [r["model"] for r in results] == ["starting", "dpo", "actguide"]
+    for r in results:
+        stored = pl.read_parquet(r["path"])
+        assert (r["attempts"], r["graded"], stored.height, r["infra_errors"]) == (2, 2, 2, 0)
+        assert r["pass@1"] == stored["resolved"].mean() and r["ci95_low"] <= r["pass@1"] <= r["ci95_high"]
+        assert set(stored["guidance_kind"]) == {"none"} and stored["policy"][0].startswith("hf:")
 
 
 def test_cli_run_config(tmp_path):

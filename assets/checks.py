@@ -1,0 +1,69 @@
+"""Blocking asset checks where bad data must not flow on, evaluated inside the asset that makes the data.
+
+- `tasks`: a sample of stored tasks re-validated in fresh sandboxes (the gold patch resolves, the empty
+  patch does not).
+- each rollout batch: the stored file reads back at the current trajectory schema version; a sample of
+  stored rewards is reproduced by re-grading their patches; no attempt whose last test run passed lost
+  its patch; the infrastructure-error rate stays under `rollout.max_infra_error_rate`.
+A failed check stops everything downstream of the asset for that run.
+"""
+
+import random
+from pathlib import Path
+
+import dagster as dg
+
+from pipeline.records import TRAJECTORY_SCHEMA, Task, Trajectory
+from pipeline.store import RecordContractError, read_records
+
+ROLLOUT_CHECKS = {
+    "trajectory_schema": "The stored batch reads back at the current trajectory schema version.",
+    "rewards_reproduce": "A sample of stored rewards is reproduced by re-grading their patches in fresh sandboxes.",
+    "no_lost_patches": "No attempt whose last test run passed was stored with an empty patch.",
+    "infra_error_rate": "Infrastructure errors stay under rollout.max_infra_error_rate of the batch's attempts.",
+}
+
+
+def rollout_check_specs(asset: str) -> list[dg.AssetCheckSpec]:
+    return [dg.AssetCheckSpec(name, asset=asset, blocking=True, description=text)
+            for name, text in ROLLOUT_CHECKS.items()]
+
+
+def rollout_checks(asset: str, path: Path, batch: str, trajectories: list[Trajectory], invariants: dict,
+                   max_infra_error_rate: float) -> list[dg.AssetCheckResult]:
+    """The results of ROLLOUT_CHECKS for one stored batch; `invariants` is `batch_invariants`' output."""
+    try:
+        read_records(path, TRAJECTORY_SCHEMA, produced_by=asset, batch=batch)
+        schema = dg.AssetCheckResult(check_name="trajectory_schema", passed=True,
+                                     metadata={"schema_version": TRAJECTORY_SCHEMA.metadata[b"schema_version"].decode()})
+    except (RecordContractError, OSError) as error:
+        schema = dg.AssetCheckResult(check_name="trajectory_schema", passed=False, metadata={"error": str(error)})
+    infra = sum(bool(t.infra_error) for t in trajectories)
+    rate = infra / len(trajectories) if trajectories else 0.0
+    return [
+        schema,
+        dg.AssetCheckResult(check_name="rewards_reproduce", passed=invariants["regrade_mismatches"] == 0, metadata={
+            "regraded": invariants["regraded"], "mismatches": invariants["regrade_mismatches"],
+            "mismatch_rows": str(invariants["regrade_mismatch_rows"])}),
+        dg.AssetCheckResult(check_name="no_lost_patches", passed=invariants["lost_patches"] == 0, metadata={
+            "lost_patches": invariants["lost_patches"], "rollout_ids": str(invariants["lost_patch_ids"])}),
+        dg.AssetCheckResult(check_name="infra_error_rate", passed=rate <= max_infra_error_rate, metadata={
+            "infra_errors": infra, "attempts": len(trajectories), "rate": round(rate, 4),
+            "threshold": max_infra_error_rate}),
+    ]
+
+
+TASK_CHECK = dg.AssetCheckSpec("tasks_validate", asset="tasks", blocking=True,
+                               description="A sample of stored tasks re-validated in fresh sandboxes: the gold "
+                                           "patch resolves each, the empty patch does not.")
+
+
+def task_check(tasks: list[Task], sample: int, seed: int = 0) -> dg.AssetCheckResult:
+    """Re-validate up to `sample` stored tasks (picked at random, seeded) exactly as validation did."""
+    from pipeline.tasks.validate import check_tasks
+
+    picked = random.Random(seed).sample(tasks, min(sample, len(tasks)))
+    _, failed = check_tasks(picked)
+    return dg.AssetCheckResult(check_name="tasks_validate", passed=not failed, metadata={
+        "checked": len(picked), "failed": len(failed),
+        "failures": "\n".join(f"{r.item}: {r.reason[:200]}" for r in failed) or "(none)"})

@@ -1,0 +1,73 @@
+"""Batches as Dagster partitions, and the automation that adds them: the nightly schedule and the sensor
+that notices a new task source.
+
+The rollout stages (unguided rollouts, guidance, guided rollouts) are partitioned by batch: one failed
+batch re-runs alone, and a nightly run adds a partition without touching the old ones. Everything
+downstream (datasets, training, evaluation) is unpartitioned and reads every batch on disk.
+"""
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+
+BATCHES = dg.DynamicPartitionsDefinition(name="batches")
+NIGHTLY_CRON = "0 2 * * *"  # 02:00 UTC; HANDHOLD_NIGHTLY_CRON overrides it
+INCOMING = "incoming"  # under data_dir: drop a SWE-bench-format row file here for the sensor
+SOURCE_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def batch_key(configured: str = "", now: datetime | None = None) -> str:
+    """The batch a run writes: the configured name, or the UTC date."""
+    return configured or (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d")
+
+
+def ensure_batch(instance: dg.DagsterInstance, key: str) -> str:
+    """Add `key` to the batch partitions (a no-op when it is there); return it."""
+    if not instance.has_dynamic_partition(BATCHES.name, key):
+        instance.add_dynamic_partitions(BATCHES.name, [key])
+    return key
+
+
+def nightly_schedule(job) -> dg.ScheduleDefinition:
+    """At NIGHTLY_CRON (UTC), add that day's batch partition and run the whole graph for it."""
+
+    @dg.schedule(name="nightly", job=job, cron_schedule=os.environ.get("HANDHOLD_NIGHTLY_CRON", NIGHTLY_CRON),
+                 execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.STOPPED,
+                 description="A new batch every night: new tasks, rollouts, guidance, datasets, training, "
+                             "evaluation, and publication when configured.")
+    def nightly(context: dg.ScheduleEvaluationContext):
+        key = ensure_batch(context.instance, batch_key(now=context.scheduled_execution_time))
+        return dg.RunRequest(run_key=key, partition_key=key)
+
+    return nightly
+
+
+def task_source_sensor(job, data_dir: str = "data") -> dg.SensorDefinition:
+    """A row file dropped in `data_dir/incoming/` starts a batch of its own with that file as the dataset
+    source; the cursor holds the files seen (name and modification time), so each is taken once."""
+
+    @dg.sensor(name="new_task_source", job=job, minimum_interval_seconds=60,
+               default_status=dg.DefaultSensorStatus.STOPPED,
+               description=f"A SWE-bench-format row file ({', '.join(SOURCE_SUFFIXES)}) dropped in "
+                           f"{data_dir}/{INCOMING}/ gets its own batch: its tasks validated, rolled out, guided.")
+    def new_task_source(context: dg.SensorEvaluationContext):
+        folder = Path(os.environ.get("HANDHOLD_DATA_DIR", data_dir)) / INCOMING
+        seen = set(context.cursor.split("\n")) if context.cursor else set()
+        files = sorted(p for p in folder.glob("*") if p.suffix in SOURCE_SUFFIXES) if folder.is_dir() else []
+        stamps = {f"{p.name}@{p.stat().st_mtime_ns}": p for p in files}
+        new = [stamp for stamp in stamps if stamp not in seen]
+        if not new:
+            return dg.SkipReason(f"no new row file in {folder}")
+        requests, keys = [], []
+        for stamp in new:
+            path = stamps[stamp]
+            key = f"{batch_key()}-{path.stem}"
+            keys.append(key)
+            requests.append(dg.RunRequest(run_key=stamp, partition_key=key, run_config={
+                "resources": {"settings": {"config": {"sources": {"dataset": str(path.resolve())}}}}}))
+        return dg.SensorResult(run_requests=requests, cursor="\n".join(sorted(seen | set(new))),
+                               dynamic_partitions_requests=[BATCHES.build_add_request(keys)])
+
+    return new_task_source

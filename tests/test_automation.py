@@ -1,0 +1,127 @@
+"""The nightly schedule and the new-task-source sensor (in Dagster's test contexts, and one real daemon tick), and
+the retries of infrastructure errors."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+import docker
+import pytest
+
+from assets.definitions import definitions
+from assets.partitions import BATCHES, batch_key
+from assets.resources import retry_on_infra
+from pipeline.agent.policy import PolicyError
+from sandbox.base import SandboxError
+
+ROOT = Path(__file__).resolve().parents[1]
+ROW = '{"instance_id": "x"}\n'
+
+
+@pytest.fixture
+def defs():
+    return definitions("local")
+
+
+@pytest.fixture
+def stack():
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
+def test_the_nightly_schedule_adds_the_day_s_batch_and_runs_the_whole_graph(defs, stack):
+    schedule = defs.resolve_schedule_def("nightly")
+    assert schedule.cron_schedule == "0 2 * * *" and schedule.execution_timezone == "UTC"
+    assert schedule.job_name == "main"
+    instance = stack.enter_context(dg.instance_for_test())
+    context = dg.build_schedule_context(instance=instance,
+                                        scheduled_execution_time=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc))
+    request = schedule(context)
+    assert (request.partition_key, request.run_key) == ("2026-12-01", "2026-12-01")
+    assert instance.get_dynamic_partitions(BATCHES.name) == ["2026-12-01"]
+    schedule(context)  # a retried tick adds nothing twice
+    assert instance.get_dynamic_partitions(BATCHES.name) == ["2026-12-01"]
+
+
+def test_a_row_file_dropped_in_incoming_gets_one_batch_of_its_own(defs, tmp_path, monkeypatch, stack):
+    monkeypatch.setenv("HANDHOLD_DATA_DIR", str(tmp_path))
+    sensor = defs.resolve_sensor_def("new_task_source")
+    instance = stack.enter_context(dg.instance_for_test())
+    result = sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(result, dg.SkipReason) and "incoming" in result.skip_message
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    (incoming / "gym.jsonl").write_text(ROW)
+    (incoming / "notes.txt").write_text("not rows")
+    result = sensor(dg.build_sensor_context(instance=instance))
+    (request,) = result.run_requests
+    key = f"{batch_key()}-gym"
+    assert request.partition_key == key
+    assert request.run_config["resources"]["settings"]["config"]["sources"]["dataset"] == str(incoming / "gym.jsonl")
+    assert result.dynamic_partitions_requests[0].partition_keys == [key]
+    again = sensor(dg.build_sensor_context(instance=instance, cursor=result.cursor))
+    assert isinstance(again, dg.SkipReason)  # each file once
+    time.sleep(0.01)
+    (incoming / "gym.jsonl").write_text(ROW + ROW)  # a rewritten file is new again
+    assert len(sensor(dg.build_sensor_context(instance=instance, cursor=result.cursor)).run_requests) == 1
+
+
+def test_one_real_daemon_tick_queues_a_run_for_a_new_source(tmp_path):
+    """dagster-daemon evaluates the sensor in its own code server; the run it requests is queued (the queue
+    launches nothing here), with its batch partition added."""
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("run_queue:\n  max_concurrent_runs: 0\ntelemetry:\n  enabled: false\n")
+    (data / "incoming").mkdir(parents=True)
+    (data / "incoming" / "swe.jsonl").write_text(ROW)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "HANDHOLD_DATA_DIR": str(data)}
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    subprocess.run([dagster, "sensor", "start", "new_task_source", "-m", "assets.definitions"], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=120)
+    daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-m",
+                               "assets.definitions"], cwd=ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            deadline = time.monotonic() + 120
+            runs = []
+            while time.monotonic() < deadline and not (runs and runs[0].status != dg.DagsterRunStatus.NOT_STARTED):
+                time.sleep(2)
+                runs = instance.get_runs()  # created NOT_STARTED, then submitted to the queue
+            assert runs, "the daemon requested no run within 120 s"
+            (run,) = runs
+            key = f"{batch_key()}-swe"
+            assert run.tags["dagster/partition"] == key and run.job_name == "main"
+            assert run.status == dg.DagsterRunStatus.QUEUED
+            assert instance.get_dynamic_partitions(BATCHES.name) == [key]
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait()
+
+
+@pytest.mark.parametrize("error, retried", [(SandboxError("container died"), True),
+                                            (docker.errors.APIError("engine gone"), True),
+                                            (PolicyError("model server down after retries"), True),
+                                            (ValueError("a bad task row"), False)])
+def test_only_infrastructure_errors_are_retried_with_backoff(error, retried):
+    context = types.SimpleNamespace(retry_number=2, log=logging.getLogger("test"))
+    with pytest.raises(dg.RetryRequested if retried else type(error)) as raised:
+        with retry_on_infra(context, retries=3, first_wait=10):
+            raise error
+    if retried:
+        assert (raised.value.max_retries, raised.value.seconds_to_wait) == (3, 40)  # 10 s, 20 s, 40 s
+        assert raised.value.__cause__ is error
