@@ -10,10 +10,11 @@ import polars as pl
 
 from assets.resources import Credentials, HandholdSettings
 from pipeline.datasets import read_dataset, update_datasets
-from pipeline.datasets.export import CardInfo, export_dataset
+from pipeline.datasets.export import HISTOGRAM_FILE, CardInfo, export_dataset, pass_rates
 from pipeline.datasets.pairs import row_text
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables
+from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_records
 
@@ -127,12 +128,22 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     config, batch = settings.resolved(), settings.batch_name(context)
     plans = [pl.read_parquet(f) for f in sorted(settings.path("guidance").glob("*/guidance.parquet"))]
     folder = settings.path("datasets", "hf")
-    report = export_dataset(folder, _export_tables(settings),
+    tables = _export_tables(settings)
+    report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
+    rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
+    kinds = rates["guidance_kind"].to_list() if rates.height else []
+    pictures = {"pass_rate_by_guidance_kind": dg.MetadataValue.md(
+        markdown_image(bar_chart_png(rates["pass_rate"].to_list() if rates.height else []), "pass rate") + "\n\n"
+        + "Bars, left to right: " + ", ".join(f"{i + 1} {kind}" for i, kind in enumerate(kinds)) + " (percent of "
+        "attempts resolved, infrastructure errors left out)")}
+    if (folder / HISTOGRAM_FILE).exists():
+        pictures["k_star_histogram"] = dg.MetadataValue.md(markdown_image((folder / HISTOGRAM_FILE).read_bytes(),
+                                                                          "k*/K"))
     return dg.MaterializeResult(metadata={
         "path": str(folder), "rows": report.rows, "files": len(report.files), "empty": list(report.empty),
-        "load_with": f'datasets.load_dataset("{folder}", "dpo")'})
+        "load_with": f'datasets.load_dataset("{folder}", "dpo")', **pictures})
 
 
 @dg.asset_check(asset="dataset_export", blocking=True, description="Every exported row passed the secret scan.")

@@ -5,7 +5,7 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
-from assets.rollouts import load_tasks
+from assets.rollouts import stored_tasks
 from pipeline.guidance.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
     make_teacher, recovery, teacher_plans
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Trajectory
@@ -24,7 +24,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     unguided = [Trajectory.from_row(r) for r in read_records(
         settings.path("trajectories", "unguided", batch, "trajectories.parquet"), TRAJECTORY_SCHEMA,
         produced_by="unguided_rollouts", batch=batch)]
-    tasks = {t.instance_id: t for t in load_tasks(settings)}
+    tasks = {t.instance_id: t for t in stored_tasks(settings)}
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
     plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
@@ -54,7 +54,7 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     batch = settings.batch_name(context)
     plans = [GuidancePlan.from_row(r) for r in read_records(settings.path("guidance", batch, "guidance.parquet"),
                                                              GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch=batch)]
-    tasks = {t.instance_id: t for t in load_tasks(settings)}
+    tasks = {t.instance_id: t for t in stored_tasks(settings)}
     policy, config = make_policy(settings, credentials), settings.resolved().rollout
     jobs = guided_jobs(tasks, guided_guidance(plans), policy, config, batch)
     out = settings.path("trajectories", "guided", batch)

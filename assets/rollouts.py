@@ -3,6 +3,7 @@
 from itertools import zip_longest
 
 import dagster as dg
+import polars as pl
 
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
@@ -13,13 +14,31 @@ from pipeline.rollouts import plan_jobs, run_batch
 from pipeline.store import read_records
 
 
-def load_tasks(settings: HandholdSettings) -> list[Task]:
-    """The validated tasks, repositories interleaved, cut to the configured slice."""
+def stored_tasks(settings: HandholdSettings) -> list[Task]:
+    """Every validated task, in stored order."""
+    return [Task.from_row(r) for r in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA,
+                                                   produced_by="tasks")]
+
+
+def attempted_elsewhere(settings: HandholdSettings, policy: str, batch: str) -> set[str]:
+    """Tasks `policy` already attempted unguided in another batch."""
+    files = [f for f in settings.path("trajectories", "unguided").glob("*/trajectories.parquet")
+             if f.parent.name != batch]
+    if not files:
+        return set()
+    seen = pl.concat([pl.read_parquet(f, columns=["instance_id", "policy"]) for f in files])
+    return set(seen.filter(pl.col("policy") == policy)["instance_id"].to_list())
+
+
+def rollout_tasks(settings: HandholdSettings, policy: str, batch: str) -> list[Task]:
+    """The batch's tasks: those `policy` has not attempted in another batch first (a nightly batch takes new
+    tasks), repositories interleaved, cut to `rollout_tasks`."""
+    done = attempted_elsewhere(settings, policy, batch)
     by_repo: dict[str, list[Task]] = {}
-    for row in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA, produced_by="tasks"):
-        task = Task.from_row(row)
+    for task in stored_tasks(settings):
         by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
+    tasks.sort(key=lambda t: t.instance_id in done)  # stable: the interleaved order kept within each part
     limit = settings.resolved().rollout_tasks
     return tasks[:limit] if limit else tasks
 
@@ -30,8 +49,8 @@ def load_tasks(settings: HandholdSettings) -> list[Task]:
 def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
     """N unguided attempts per task by the configured policy, each graded by the task's tests."""
-    tasks, policy, config = load_tasks(settings), make_policy(settings, credentials), settings.resolved().rollout
-    batch = settings.batch_name(context)
+    policy, config, batch = make_policy(settings, credentials), settings.resolved().rollout, settings.batch_name(context)
+    tasks = rollout_tasks(settings, policy.name, batch)
     jobs = plan_jobs(tasks, policy, config, batch)
     out = settings.path("trajectories", "unguided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)

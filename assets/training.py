@@ -5,7 +5,6 @@ subprocess (`accelerate launch ... -m training.run <stage>`), and reads the run 
 way: checkpoint, per-step metrics, the loss curve.
 """
 
-import base64
 import json
 import shlex
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
+from pipeline.pictures import markdown_image
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.settings import to_mapping
 from pipeline.store import read_records
@@ -23,11 +23,6 @@ STAGES = ("dpo", "actguide")
 HEADLINE = ("steps", "rows", "rows_trained", "trajectories", "guided_trajectories", "groups", "first_loss",
             "final_loss", "final_reward_margin", "final_reward_accuracy", "tokens_per_second", "forward_share",
             "seconds", "adapter")
-
-
-def picture(path: Path, title: str) -> dg.MetadataValue:
-    """A PNG shown inline in the asset's metadata."""
-    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})")
 
 
 def launch_command(text: str) -> list[str]:
@@ -72,7 +67,7 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
         **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None},
         "checkpoint": dg.MetadataValue.path(str(out / "checkpoint")), "starting_model": model,
         "launcher": config.launcher, "metrics": dg.MetadataValue.path(str(out / "metrics.jsonl")),
-        "last_steps": dg.MetadataValue.md("\n".join(table)), "loss_curve": picture(out / "loss.png", "loss")})
+        "last_steps": dg.MetadataValue.md("\n".join(table)), "loss_curve": dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "loss"))})
 
 
 @dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])

@@ -1,8 +1,9 @@
 """Small PNG charts drawn with numpy and zlib (no plotting library): the k*/K histogram of the dataset
-card and the loss curves of the training assets."""
+card, pass rates per guidance kind and the loss curves of the assets' metadata."""
 
 from __future__ import annotations
 
+import base64
 import struct
 import zlib
 
@@ -52,6 +53,26 @@ def line_chart_png(series: list[list[float]], width: int = 600, height: int = 30
         draw_text(image, 4, height - bottom - 10, f"{low:.3g}")
         draw_text(image, width - right - 4 * 2 * len(str(steps)), height - bottom + 8, str(steps))
     return png(image)
+
+
+def bar_chart_png(values: list[float], width: int = 600, height: int = 300) -> bytes:
+    """One bar per value (shares in [0, 1] drawn to full height at 1), each labelled with its percentage."""
+    image = np.full((height, width, 3), 255, np.uint8)
+    left, bottom, top = 20, 30, 30
+    base = height - bottom
+    image[base:base + 2, left - 4:width - 10] = 0
+    slot = (width - left - 10) // max(len(values), 1)
+    for i, value in enumerate(values):
+        x, bar = left + i * slot, round((base - top) * min(max(value, 0.0), 1.0))
+        image[base - bar:base, x + 6:x + slot - 6] = LINE_COLOURS[i % len(LINE_COLOURS)]
+        draw_text(image, x + 8, base - bar - 14, f"{value * 100:.0f}")
+        draw_text(image, x + 8, base + 8, str(i + 1))
+    return png(image)
+
+
+def markdown_image(data: bytes, title: str) -> str:
+    """A PNG inline in Markdown (what Dagster's metadata shows as a picture)."""
+    return f"![{title}](data:image/png;base64,{base64.b64encode(data).decode()})"
 
 
 def png(image: np.ndarray) -> bytes:

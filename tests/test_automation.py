@@ -4,6 +4,7 @@ the retries of infrastructure errors."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -125,3 +126,23 @@ def test_only_infrastructure_errors_are_retried_with_backoff(error, retried):
     if retried:
         assert (raised.value.max_retries, raised.value.seconds_to_wait) == (3, 40)  # 10 s, 20 s, 40 s
         assert raised.value.__cause__ is error
+
+
+def test_a_new_batch_takes_the_tasks_its_policy_has_not_attempted_first(tmp_path):
+    from assets.resources import HandholdSettings
+    from assets.rollouts import rollout_tasks
+    from pipeline.records import TASK_SCHEMA, TRAJECTORY_SCHEMA
+    from pipeline.store import write_rows
+    from tests.test_datasets_build import traj
+    from tests.test_records import TASK
+
+    settings = HandholdSettings(data_dir=str(tmp_path), rollout_tasks=3)
+    rows = [dataclasses.replace(TASK, instance_id=f"{repo}-{i}", repo=repo).to_row()
+            for i in range(3) for repo in ("a/x", "b/y")]
+    write_rows(settings.path("tasks", "tasks.parquet"), rows, TASK_SCHEMA)
+    assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b1")] == ["a/x-0", "b/y-0", "a/x-1"]
+    old = [traj("r1", iid="a/x-0", batch="b0", policy="heuristic").to_row(),
+           traj("r2", iid="b/y-0", batch="b0", policy="other").to_row()]
+    write_rows(settings.path("trajectories", "unguided", "b0", "trajectories.parquet"), old, TRAJECTORY_SCHEMA)
+    assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b1")] == ["b/y-0", "a/x-1", "b/y-1"]
+    assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b0")] == ["a/x-0", "b/y-0", "a/x-1"]
