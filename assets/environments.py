@@ -10,7 +10,7 @@ from assets.resources import Credentials, HandholdSettings
 from pipeline.guidance.rescue import teacher_client
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
 from pipeline.store import read_records, write_rows
-from pipeline.tasks.packages import build_environment_image, fetch_source, package_specs
+from pipeline.tasks.packages import PackageError, build_environment_image, fetch_source, package_specs
 from pipeline.tasks.decontam import decontaminate
 from pipeline.tasks.swebench_rows import load_tasks
 from pipeline.tasks.synth import synthesize
@@ -29,11 +29,24 @@ def sandbox_base_image(settings: HandholdSettings) -> dg.MaterializeResult:
     })
 
 
+def each_package(context, settings: HandholdSettings, make) -> tuple[dict, dict]:
+    """`make(spec)` for every configured package: what each made, and why each that failed did (logged; the
+    `tasks` asset records these packages in rejects.parquet and keeps the others' tasks)."""
+    made, failed = {}, {}
+    for spec in package_specs(settings.resolved().synth.packages):
+        try:
+            made[spec.key] = make(spec)
+        except PackageError as error:
+            failed[spec.key] = f"{error.stage}: {error}"
+            context.log.warning(f"package {spec.key} set aside at {error.stage}: {str(error)[:500]}")
+    return made, failed
+
+
 @dg.asset(group_name="environments", kinds={"python"})
-def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
+def task_sources(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """Package sources (sdists as git repos) and, when configured, SWE-bench-format dataset rows."""
     cache, config = settings.path("cache"), settings.resolved()
-    roots = {spec.key: str(fetch_source(spec, cache)) for spec in package_specs(config.synth.packages)}
+    roots, failed = each_package(context, settings, lambda spec: str(fetch_source(spec, cache)))
     sources = config.sources
     rows, rejects = (load_tasks(sources.dataset, split=sources.dataset_split, limit=sources.dataset_limit or None,
                                 decontaminate=sources.decontaminate, eval_benchmarks=sources.eval_benchmarks)
@@ -42,18 +55,18 @@ def task_sources(settings: HandholdSettings) -> dg.MaterializeResult:
     write_rows(settings.path("sources", "dataset_rejects.parquet"), [dataclasses.asdict(r) for r in rejects],
                REJECT_SCHEMA)
     return dg.MaterializeResult(metadata={
-        "packages": roots, "dataset": sources.dataset or "(none)", "dataset_rows": len(rows),
-        "dataset_rejects": len(rejects),
+        "packages": roots, "packages_failed": failed, "dataset": sources.dataset or "(none)",
+        "dataset_rows": len(rows), "dataset_rejects": len(rejects),
     })
 
 
 @dg.asset(group_name="environments", kinds={"docker"}, deps=[sandbox_base_image, task_sources])
-def environment_images(settings: HandholdSettings) -> dg.MaterializeResult:
+def environment_images(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """One image per package version, its package installed editable with test dependencies."""
     client, cache, config = docker_client(), settings.path("cache"), settings.resolved()
-    tags = {spec.key: build_environment_image(spec, config.base_image.tag, cache, client)
-            for spec in package_specs(config.synth.packages)}
-    return dg.MaterializeResult(metadata={"images": tags, "count": len(tags)})
+    tags, failed = each_package(context, settings,
+                                lambda spec: build_environment_image(spec, config.base_image.tag, cache, client))
+    return dg.MaterializeResult(metadata={"images": tags, "count": len(tags), "packages_failed": failed})
 
 
 @dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images], check_specs=[TASK_CHECK])

@@ -1,4 +1,4 @@
-"""Training throughput of both stages on this machine's CPU with the tiny offline model.
+"""Training throughput of both stages with the tiny offline model, on the CPU (or the GPU when there is one).
 
 Prints, for DPO and for ActGuide, tokens per second next to a baseline measured in the same run: plain
 next-token training (one forward, cross-entropy, backward, AdamW step) over the same token sequences in
@@ -6,7 +6,7 @@ the same batch size, i.e. the floor any objective on these tokens costs. For Act
 share of its time spent in the two forward passes (the behaviour pass on the guided prompt, once at the
 start, and the policy pass on the unguided prompt, every step).
 
-    python benchmarks/training_throughput.py [--groups 24] [--steps 6] [--dir /tmp/x]
+    python benchmarks/training_throughput.py [--groups 24] [--steps 6] [--precision fp32] [--dir /tmp/x]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from training.config import ActGuideTrainingConfig, DPOTrainingConfig  # noqa: E
 from training.dpo import train_dpo  # noqa: E402
 from training.tiny_model import build_tiny_model  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ACTIONS = (Action("bash", '{"command": "grep -rn add pkg"}'), Action("submit", "{}"))
 
 
@@ -52,7 +53,7 @@ def attempts(groups: int) -> list:
 def plain_steps(model_dir: str, sequences: list[list[int]], batch_size: int, steps: int, pad_id: int) -> float:
     """Tokens per second of plain next-token training over `sequences`, `steps` batches after one untimed
     warm-up batch."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens, start = 0, time.monotonic()
     for step in range(-1, steps):
@@ -60,8 +61,8 @@ def plain_steps(model_dir: str, sequences: list[list[int]], batch_size: int, ste
             tokens, start = 0, time.monotonic()
         batch = [sequences[(max(step, 0) * batch_size + i) % len(sequences)] for i in range(batch_size)]
         width = max(map(len, batch))
-        ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in batch])
-        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch])
+        ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in batch], device=DEVICE)
+        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch], device=DEVICE)
         labels = ids.masked_fill(attention == 0, -100)
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=24)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -90,7 +92,8 @@ def main() -> None:
 
     dpo = train_dpo(DPOTrainingConfig(learning_rate=1e-4, lr_scheduler="constant", warmup=0,
                                       per_device_batch_size=args.batch, gradient_accumulation_steps=1,
-                                      max_steps=args.steps, max_length=8192), model, folder, root / "dpo").summary
+                                      max_steps=args.steps, max_length=8192, precision=args.precision),
+                    model, folder, root / "dpo").summary
     # The same token sequences a DPO batch holds: prompt + chosen, prompt + rejected
     dpo_rows = read_split(folder, "dpo")
     sequences = []
@@ -101,15 +104,16 @@ def main() -> None:
     dpo_plain = plain_steps(model, sequences, 2 * args.batch, args.steps, pad)
 
     ag_config = ActGuideTrainingConfig(learning_rate=1e-4, batch_size=args.batch, max_steps=args.steps,
-                                       kl_weight=0.001, max_length=8192)
+                                       kl_weight=0.001, max_length=8192, precision=args.precision)
     ag = train_actguide(ag_config, model, folder, root / "actguide").summary
     examples, _ = prepare_examples(read_split(folder, "actguide"), tokenizer, ag_config)
     ag_plain = plain_steps(model, [e.prompt_ids + e.response_ids for e in examples], args.batch, args.steps, pad)
 
     phases = ag["seconds_by_phase"]
     total = sum(phases.values())
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"data: {dpo_rows.num_rows} DPO rows, {len(examples)} ActGuide trajectories; {args.steps} steps of "
-          f"batch {args.batch}; {torch.get_num_threads()} CPU threads")
+          f"batch {args.batch}, {args.precision}; {where} (the baseline in fp32)")
     print(f"DPO       {dpo['tokens_per_second']:>9.0f} tokens/s   plain LM on the same sequences "
           f"{dpo_plain:>9.0f} tokens/s   ratio {dpo['tokens_per_second'] / dpo_plain:.2f}")
     print(f"ActGuide  {ag['tokens_per_second']:>9.0f} tokens/s   plain LM on the same sequences "

@@ -8,13 +8,7 @@ from these classes; `handhold demo --config` and the launchpad take the same YAM
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
-import textwrap
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +16,8 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.agent.factory import PolicySpec
+from pipeline.config_tree import (SettingsError, default_of, field_docs, field_types, from_mapping,  # noqa: F401
+                                  json_copy, to_mapping)
 from pipeline.datasets.build import DatasetConfig
 from pipeline.datasets.publish import PublishConfig
 from pipeline.guidance.rescue import GuidanceConfig
@@ -79,89 +75,6 @@ class HandholdConfig:
     """The starting policy, DPO and ActGuide training, and the unguided evaluation of what they train."""
 
 
-class SettingsError(ValueError):
-    """A settings file or mapping that does not fit HandholdConfig: names the key, the file and the fix."""
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (its one-line documentation)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
-            docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
-def field_types(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a dataclass's fields."""
-    module = inspect.getmodule(cls)
-    return typing.get_type_hints(cls, vars(module) if module else None)
-
-
-def default_of(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def from_mapping(cls: type, data: Any, where: str, prefix: str = "") -> Any:
-    """A `cls` from a nested mapping; an unknown key or a wrong type raises SettingsError naming both."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SettingsError(f"{where}: {prefix or 'the top level'} must be a mapping of settings, "
-                            f"got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise SettingsError(f"{where}: unknown setting {key!r}; {cls.__name__} has {', '.join(fields)}")
-    types_ = field_types(cls)
-    values = {name: _value(types_[name], value, where, f"{prefix}.{name}" if prefix else name)
-              for name, value in data.items()}
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{where}: {prefix or cls.__name__}: {exc}") from exc
-
-
-def _value(kind: Any, value: Any, where: str, key: str) -> Any:
-    if dataclasses.is_dataclass(kind):
-        return from_mapping(kind, value, where, key)
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is Literal:
-        if value not in args:
-            raise SettingsError(f"{where}: {key} is {value!r}; choose one of {', '.join(map(repr, args))}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SettingsError(f"{where}: {key} must be a list, got {type(value).__name__} {value!r:.60}")
-        return tuple(_value(args[0], item, where, f"{key}[{i}]") for i, item in enumerate(value))
-    if origin in (typing.Union, types.UnionType):
-        raise SettingsError(f"{where}: {key} is not a setting (it has no single type)")
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not ok:
-        raise SettingsError(f"{where}: {key} must be {kind.__name__}, got {type(value).__name__} {value!r:.60}")
-    return value
-
-
-def to_mapping(config: Any) -> dict:
-    """A config as nested plain data (tuples as lists): what YAML and Dagster run config hold."""
-    out = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            value = to_mapping(value)
-        elif isinstance(value, tuple):
-            value = list(value)
-        out[f.name] = value
-    return out
-
-
 def read_settings(path: str | Path) -> dict:
     """The settings mapping of a YAML experiment file, in either of its two shapes: the settings tree
     itself, or Dagster run config (`resources: settings: config: ...`, what the launchpad takes)."""
@@ -200,13 +113,6 @@ def with_overrides(data: dict, pairs: list[str], where: str = "--set") -> dict:
         node[parts[-1]] = yaml.safe_load(raw)
     from_mapping(HandholdConfig, out, where)
     return out
-
-
-def json_copy(data: Any) -> Any:
-    """A deep copy of plain nested data."""
-    if isinstance(data, dict):
-        return {k: json_copy(v) for k, v in data.items()}
-    return [json_copy(v) for v in data] if isinstance(data, list) else data
 
 
 def documented_yaml(config: HandholdConfig | None = None, title: str = "handhold settings") -> str:

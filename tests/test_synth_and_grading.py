@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-
 
 from pipeline.grading import grade
 from pipeline.records import TASK_SCHEMA, Task
@@ -19,10 +19,14 @@ def test_synthesis_yields_valid_tasks(synth_run):
     counts = report.per_package[TOOLZ.key]
     assert counts["generated"] >= counts["compiled"] >= counts["tested"] >= counts["broke_tests"] >= counts["kept"]
     assert counts["kept"] == len(tasks)
+    # the pristine suite ran baseline_runs times: every test found, those passing every time, none flaky here
+    assert counts["tests_found"] >= counts["stable_passing"] > 100 and counts["flaky_tests"] == 0
+    assert counts["flaky_gold"] == 0 and counts["seconds"] > 0
     for task in tasks:
         assert 1 <= len(task.FAIL_TO_PASS) <= 10 and len(task.PASS_TO_PASS) >= 1
         assert len(task.base_commit) == 40 and task.setup_patch and task.patch
-        assert json.loads(task.provenance)["package"] == "toolz"
+        assert json.loads(task.provenance)["package"] == "toolz" and task.version == "1.0.0"
+        assert task.test_cmd == "python -m pytest -rA --tb=short -p no:cacheprovider toolz/tests"
         removed = [line[1:].strip() for line in task.patch.splitlines()
                    if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
         assert not any(line in task.problem_statement for line in removed if len(line) > 12)
@@ -32,7 +36,7 @@ def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
     tasks, _, config, cache = synth_run
     again, report = synthesize(config, base_image, cache, docker_client)
     assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
-    assert report.per_package[TOOLZ.key] == {"cached": 1}
+    assert {k: v for k, v in report.per_package[TOOLZ.key].items() if k != "seconds"} == {"cached": 1}
 
 
 def test_history_does_not_reveal_the_fix(toolz_task):
@@ -112,17 +116,34 @@ def test_missing_image_is_an_infra_fault(toolz_task):
     assert not result.resolved and result.fault == "infra" and "no-such-image" in result.reason
 
 
-def test_package_without_tests_is_reported_and_skipped(synth_run, base_image, docker_client):
-    from pipeline.tasks.packages import PackageSpec
+def test_bad_packages_are_reported_in_rejects_parquet_and_the_good_one_still_yields(synth_run, base_image,
+                                                                                    docker_client, tmp_path):
+    """A name not on the index, an sdist without tests, tests in a place that is not there, a requirement
+    that does not install: each a row of rejects.parquet naming package, stage and fix; toolz still yields."""
+    import polars as pl
+
+    from pipeline.records import REJECT_SCHEMA
+    from pipeline.tasks.packages import PackageSpec, parse_entry
     from pipeline.tasks.synth import SynthConfig
 
     cache = synth_run[3]
-    bad = PackageSpec("toolz", "1.0.0", ("no_such_tests",), ("toolz/*.py",))
+    specs = (parse_entry("handhold-no-such-package-4c1d9e==1.0"), parse_entry("sortedcontainers==2.4.0"),
+             PackageSpec("toolz", "1.0.0", ("no_such_tests",), ("toolz/*.py",)),
+             parse_entry("tabulate==0.9.0 test_requirements='handhold-no-such-requirement-4c1d9e'"), TOOLZ)
     tasks, report = synthesize(SynthConfig(tasks_per_package=3, candidates_per_package=30), base_image, cache,
-                               docker_client, specs=(bad, TOOLZ))
-    (reject,) = report.rejects
-    assert reject.item == "toolz-1.0.0" and reject.stage == "package" and "no_such_tests" in reject.reason
-    assert len(tasks) >= 2  # the good package still yields its (cached) tasks
+                               docker_client, specs=specs)
+    assert len(tasks) >= 2 and {t.repo for t in tasks} == {"pypi/toolz"}  # its cached tasks
+    path = write_rows(tmp_path / "rejects.parquet", [dataclasses.asdict(r) for r in report.rejects], REJECT_SCHEMA)
+    rows = pl.read_parquet(path).rows(named=True)
+    assert [(r["item"], r["stage"]) for r in rows] == [
+        ("handhold-no-such-package-4c1d9e-1.0", "fetch"), ("sortedcontainers-2.4.0", "discover"),
+        ("toolz-1.0.0", "discover"), ("tabulate-0.9.0", "wheels")]
+    reasons = [r["reason"] for r in rows]
+    assert "check the name and version on PyPI" in reasons[0]
+    assert "the sdist has no tests at any usual place; set test_paths=" in reasons[1]
+    assert "no tests at ['no_such_tests']" in reasons[2]
+    assert "pip wheel" in reasons[3] and "handhold-no-such-requirement-4c1d9e" in reasons[3] \
+        and "set test_requirements=" in reasons[3]
 
 
 def test_statement_writer_llm_and_its_fallbacks(toolz_task):

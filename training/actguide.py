@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from training.common import (MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run, fresh_run_dir,
-                             load_model, read_split)
+from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
+                             fresh_run_dir, load_model, read_split)
 from training.config import ActGuideTrainingConfig
 
 
@@ -285,6 +285,7 @@ def train_actguide(config: ActGuideTrainingConfig, model_path: str, dataset_fold
     train_seconds = timings["policy_forward"] + timings["backward_and_update"]
     summary = {
         "stage": "actguide", "starting_model": model_path, "dataset": str(dataset_folder), **counts,
+        "dtype": PRECISION_DTYPES[config.precision],
         "trajectories": len(examples), "guided_trajectories": sum(e.sampled_under == "guided" for e in examples),
         "steps": len(history), "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
         "seconds": round(total, 2), "tokens": tokens,

@@ -11,6 +11,7 @@ model, or the LoRA adapter), the tokenizer, the settings used and the metrics of
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def dpo_args(config: DPOTrainingConfig, out_dir: Path, use_cpu: bool):
     """TRL's DPOConfig for these settings (masking cuts turns itself, so TRL's max_length is None)."""
     from trl import DPOConfig
 
+    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, and only when asked
+    names = {f.name for f in dataclasses.fields(DPOConfig)}
+    checkpointing = ({"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": True}
+                     if config.gradient_checkpointing else {})
     return DPOConfig(
         output_dir=str(out_dir / "trainer"), beta=config.beta, loss_type=[config.loss_type],
         learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
@@ -39,7 +44,7 @@ def dpo_args(config: DPOTrainingConfig, out_dir: Path, use_cpu: bool):
         gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
         max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
         precompute_ref_log_probs=config.precompute_ref_log_probs,
-        activation_checkpointing=config.gradient_checkpointing, seed=config.seed, max_length=None,
+        seed=config.seed, max_length=None, **checkpointing,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
         include_num_input_tokens_seen="non_padding", disable_tqdm=True)
 

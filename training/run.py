@@ -37,7 +37,7 @@ def trainer(stage: str):
 def main(argv: list[str] | None = None) -> int:
     from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
-    from pipeline.settings import from_mapping
+    from pipeline.config_tree import from_mapping
 
     parser = argparse.ArgumentParser(prog="python -m training.run", description=__doc__.split("\n")[0])
     parser.add_argument("stage", choices=sorted(STAGES))

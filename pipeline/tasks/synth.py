@@ -1,14 +1,18 @@
 """Tasks synthesized offline by injecting bugs into real packages (the built-in default).
 
-Per package version: one environment image; its suite run twice for a baseline; AST bug
-candidates validated in sandboxes (tests that passed before and fail now are FAIL_TO_PASS,
-those still passing PASS_TO_PASS; run twice, flaky ones dropped); every stage counted.
+Per package version: one environment image; its pristine suite run `baseline_runs` times (a
+test that does not pass every time is never PASS_TO_PASS); AST bug candidates validated in
+sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still passing
+PASS_TO_PASS; the same failures on every one of `validation_runs` runs, and the gold patch
+resolving on every run); every stage counted, every package that yields nothing says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import shlex
 import logging
 import threading
 import time
@@ -26,10 +30,10 @@ from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.packages import DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, \
-    build_environment_image, fetch_source, package_specs, test_command
+    build_environment_image, fetch_source, package_specs, resolve, test_command
 from pipeline.tasks.issue_writer import written_statement
 from pipeline.tasks.statements import failure_messages_from_log
-from pipeline.tasks.validate import check_tasks
+from pipeline.tasks.validate import FLAKY, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
@@ -43,13 +47,17 @@ class SynthConfig:
     """How tasks are synthesized from packages."""
 
     packages: tuple[str, ...] = tuple(p.name for p in DEFAULT_PACKAGES)
-    """Packages to inject bugs into, by name (built-in pins: toolz, tabulate, boltons)."""
+    """Packages to inject bugs into: `name==version`, or `name` for the latest sdist (toolz, tabulate, boltons keep built-in pins), then optional overrides `test_paths=... source_globs=... test_requirements='a b' test_command='...'`; the rest is discovered from the sdist."""
     tasks_per_package: int = 8
     """Stop validating a package's candidates once this many are kept."""
     candidates_per_package: int = 60
     """Most bug candidates tried per package."""
     max_fail_to_pass: int = 10
     """A candidate breaking more tests than this is too blunt to be a task."""
+    baseline_runs: int = 3
+    """Runs of the pristine suite; a test that does not pass on every one is left out of PASS_TO_PASS."""
+    validation_runs: int = 3
+    """Runs with each bug (same failures every time) and with its gold patch (resolved every time) to keep it."""
     min_pass_rate: float = 0.9
     """A package whose suite passes less than this share of its tests is skipped."""
     suite_timeout: float = 180.0
@@ -62,6 +70,11 @@ class SynthConfig:
     """Most candidates taken from one function (spreads tasks over the code)."""
     seed: int = 0
     """Seed of candidate sampling and problem-statement templates."""
+
+    def __post_init__(self):
+        package_specs(self.packages)  # a malformed entry fails here, naming itself
+        if self.baseline_runs < 1 or self.validation_runs < 1:
+            raise ValueError("baseline_runs and validation_runs must be at least 1")
 
 
 @dataclass
@@ -79,6 +92,11 @@ class SynthReport:
             self.per_package.setdefault(package, Counter())[stage] += n
             self.per_kind.setdefault(kind, Counter())[stage] += n
 
+    def note(self, package: str, what: str, n: float) -> None:
+        """A per-package figure that belongs to no mutation kind (tests found, flaky tests, seconds)."""
+        with _COUNT_LOCK:
+            self.per_package.setdefault(package, Counter())[what] += n
+
     def as_json(self) -> dict:
         return {"per_package": {k: dict(v) for k, v in self.per_package.items()},
                 "per_kind": {k: dict(v) for k, v in sorted(self.per_kind.items())},
@@ -88,36 +106,82 @@ class SynthReport:
 @dataclass(frozen=True)
 class Baseline:
     passed: frozenset[str]
+    """Tests that passed on every pristine run."""
     total: int
     seconds: float
+    flaky: frozenset[str] = frozenset()
+    """Tests that passed on some pristine runs and not others."""
 
 
 def run_suite(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
     """Status per test, the log and whether it timed out (output read from a file: never capped)."""
-    result = sandbox.run(f"cd {WORKDIR} && {test_command(spec)} > /tmp/suite.log 2>&1", timeout=timeout)
-    text = sandbox.read_file("/tmp/suite.log").decode("utf-8", errors="replace")
+    log_file = f"{sandbox.scratch}/suite.log"
+    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} > {log_file} 2>&1",
+                         timeout=timeout)
+    text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
     return PARSER_REGISTRY[LOG_PARSER](text, None), text, result.timed_out
 
 
+def reproduce(sandbox: DockerSandbox, spec: PackageSpec) -> str:
+    """The command that reruns this package's suite by hand."""
+    return f"docker run --rm {getattr(sandbox, 'image', '<image>')} bash -c {shlex.quote(test_command(spec))}"
+
+
 def baseline(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> Baseline:
-    """Tests that pass in both of two clean runs; raises PackageError if the suite is unusable."""
+    """Tests that pass in every one of `baseline_runs` clean runs; raises PackageError if the suite is unusable."""
     start = time.monotonic()
     first, text, timed_out = run_suite(sandbox, spec, config.suite_timeout)
     if timed_out:
-        raise PackageError(f"{spec.key}: the test suite took over {config.suite_timeout:.0f} s")
-    second, _, _ = run_suite(sandbox, spec, config.suite_timeout)
-    passed = frozenset(t for t, s in first.items() if s == "PASSED" and second.get(t) == "PASSED")
+        raise PackageError(f"{spec.key}: the test suite took over {config.suite_timeout:.0f} s (raise "
+                           f"suite_timeout, or set test_paths to a part of it); reproduce: {reproduce(sandbox, spec)}",
+                           "baseline")
+    runs = [first] + [run_suite(sandbox, spec, config.suite_timeout)[0] for _ in range(config.baseline_runs - 1)]
+    ever = {t for run in runs for t, s in run.items() if s == "PASSED"}
+    passed = frozenset(t for t in ever if all(run.get(t) == "PASSED" for run in runs))
     ran = [t for t, s in first.items() if s != "SKIPPED"]
     if not ran or len(passed) / len(ran) < config.min_pass_rate:
-        raise PackageError(f"{spec.key}: only {len(passed)} of {len(ran)} tests pass before any bug "
-                           f"(need {config.min_pass_rate:.0%}); log tail: {text[-800:]}")
-    return Baseline(passed, len(first), (time.monotonic() - start) / 2)
+        errors = [line for line in text.splitlines() if line.startswith("E  ")][:3]
+        raise PackageError(f"{spec.key}: only {len(passed)} of {len(ran)} tests pass on every one of "
+                           f"{len(runs)} runs before any bug (need {config.min_pass_rate:.0%}); fix the test "
+                           f"requirements or test_paths in the package entry (or lower min_pass_rate); "
+                           f"reproduce: {reproduce(sandbox, spec)}; first errors: {' | '.join(errors) or '-'}; "
+                           f"log tail: {text[-600:]}", "baseline")
+    return Baseline(passed, len(first), (time.monotonic() - start) / len(runs), frozenset(ever - passed))
+
+
+def runnable(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> PackageSpec:
+    """The spec as its tests run reliably: `--import-mode=importlib` when they collect with fewer errors that
+    way (test folders without __init__.py holding same-named modules), and a fixed PYTHONHASHSEED when two
+    collections name the tests differently (parametrized over a set: ids that no task could name twice)."""
+    if spec.test_command:
+        return spec
+    ids, errors = _collect(sandbox, spec, config.suite_timeout)
+    if errors and "--import-mode" not in " ".join(spec.pytest_args or ()):
+        other = dataclasses.replace(spec, pytest_args=(*(spec.pytest_args or ()), "--import-mode=importlib"))
+        other_ids, other_errors = _collect(sandbox, other, config.suite_timeout)
+        if other_errors < errors:
+            log.info("%s: tests collect with %d errors, %d with --import-mode=importlib", spec.key, errors,
+                     other_errors)
+            spec, ids = other, other_ids
+    if _collect(sandbox, spec, config.suite_timeout)[0] != ids:
+        log.info("%s: test ids change from run to run: PYTHONHASHSEED=0", spec.key)
+        spec = dataclasses.replace(spec, test_command=f"PYTHONHASHSEED=0 {test_command(spec)}")
+    return spec
+
+
+def _collect(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
+    """(test ids, collection errors) of one `--collect-only` run."""
+    log_file = f"{sandbox.scratch}/collect.log"
+    sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} --collect-only -q "
+                f"> {log_file} 2>&1", timeout=timeout)
+    lines = sandbox.read_file(log_file).decode("utf-8", errors="replace").splitlines()
+    return {line for line in lines if "::" in line}, sum(line.startswith("ERROR ") for line in lines)
 
 
 def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
                   config: SynthConfig, report: SynthReport) -> tuple[list[str], str] | None:
-    """(FAIL_TO_PASS, log) when the bug breaks some tests, stably; the file is restored after."""
-    path = f"{WORKDIR}/{cand.file}"
+    """(FAIL_TO_PASS, log) when the bug breaks the same tests on every run; the file is restored after."""
+    path = f"{sandbox.workdir}/{cand.file}"
     sandbox.write_file(path, cand.mutated_source)
     try:
         report.count(spec.key, cand.kind, "tested")
@@ -130,9 +194,11 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
         if not 1 <= len(f2p) <= config.max_fail_to_pass or len(f2p) == len(base.passed):
             return None
         report.count(spec.key, cand.kind, "broke_tests")
-        second, _, _ = run_suite(sandbox, spec, limit)
-        if sorted(t for t in base.passed if second.get(t, "FAILED") != "PASSED") != f2p:
-            return None  # flaky under the bug
+        for _ in range(config.validation_runs - 1):
+            again, _, _ = run_suite(sandbox, spec, limit)
+            if sorted(t for t in base.passed if again.get(t, "FAILED") != "PASSED") != f2p:
+                report.count(spec.key, cand.kind, "flaky_with_bug")
+                return None
         report.count(spec.key, cand.kind, "stable")
         return f2p, text
     finally:
@@ -169,7 +235,14 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
         report.count(spec.key, kind, "compiled", n)
     sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
     try:
+        spec = runnable(sandboxes[0], spec, config)
         base = baseline(sandboxes[0], spec, config)
+        report.note(spec.key, "tests_found", base.total)
+        report.note(spec.key, "stable_passing", len(base.passed))
+        report.note(spec.key, "flaky_tests", len(base.flaky))
+        if not candidates:
+            raise PackageError(f"{spec.key}: no bug candidates in {list(spec.source_globs or ())}; set "
+                               "source_globs=<globs> in the package entry", "candidates")
         tasks = _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer)
     finally:
         for sb in sandboxes:
@@ -203,9 +276,9 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
 
 
 def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None) -> Path:
-    key = repr((image, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
-                config.max_per_function, config.seed, config.min_pass_rate, config.slowdown,
-                writer.name if writer else "templates", GRADER_VERSION))
+    key = repr((image, spec, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
+                config.max_per_function, config.seed, config.min_pass_rate, config.slowdown, config.baseline_runs,
+                config.validation_runs, writer.name if writer else "templates", GRADER_VERSION))
     return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
 
 
@@ -213,14 +286,18 @@ def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker
                specs: tuple[PackageSpec, ...] | None = None,
                statement_writer: Policy | None = None) -> tuple[list[Task], SynthReport]:
     """Validated tasks from every package (`specs`, else the configured names); a package that fails is
-    reported, not fatal. `statement_writer`: the teacher LLM that writes problem statements (None: templates)."""
+    reported (a RejectedTask naming package, stage and reason), not fatal. `statement_writer`: the teacher
+    LLM that writes problem statements (None: templates)."""
     start, report, tasks = time.monotonic(), SynthReport(), []
     for spec in specs if specs is not None else package_specs(config.packages):
+        begun = time.monotonic()
         try:
+            spec = resolve(spec, cache)
             tasks += _package_tasks(spec, base_image, cache, config, report, client, statement_writer)
         except PackageError as exc:
-            log.warning("skipping %s: %s", spec.key, exc)
-            report.rejects.append(RejectedTask(spec.key, "package", str(exc)))
+            log.warning("skipping %s at %s: %s", spec.key, exc.stage, exc)
+            report.rejects.append(RejectedTask(spec.key, exc.stage, str(exc)))
+        report.note(spec.key, "seconds", round(time.monotonic() - begun, 1))
     report.seconds = time.monotonic() - start
     return tasks, report
 
@@ -234,12 +311,18 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer) -> l
     start = time.monotonic()
     log.info("%s: synthesizing tasks in %s", spec.key, image)
     candidates = synthesize_package(spec, image, cache, config, report, client, writer)
-    kept, rejects = check_tasks(candidates, workers=config.workers)
+    kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs)
     report.rejects += rejects
+    report.note(spec.key, "flaky_gold", sum(r.reason.startswith(FLAKY) for r in rejects))
     for task in kept:
         report.count(spec.key, json.loads(task.provenance)["kind"], "kept")
-    write_rows(cached, [t.to_row() for t in kept], TASK_SCHEMA)
     counts = report.per_package[spec.key]
+    if not kept:
+        raise PackageError(f"{spec.key}: no task kept: {counts['tested']} candidates tested, {counts['broke_tests']} "
+                           f"broke 1 to {config.max_fail_to_pass} tests, {counts['stable']} the same way on every run, "
+                           f"{len(rejects)} set aside by the verifier; raise candidates_per_package or widen "
+                           "source_globs in the package entry", "synthesize")
+    write_rows(cached, [t.to_row() for t in kept], TASK_SCHEMA)
     log.info("%s: %d tasks kept (%d candidates tested, %d broke tests, %d set aside by the verifier) in %.0f s",
              spec.key, len(kept), counts["tested"], counts["broke_tests"], len(rejects), time.monotonic() - start)
     return kept

@@ -1,0 +1,246 @@
+"""Package entries from settings, discovery on hand-made sdist trees, and the flake filters run for real."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.records import Task
+from pipeline.settings import HandholdConfig, SettingsError, from_mapping, load_config, to_mapping
+from pipeline.tasks.backend import editable_requirements, raised_pins
+from pipeline.tasks.discover import PYTEST, discover
+from pipeline.tasks.environment import LocalTaskSandboxes
+from pipeline.tasks.mutations import BugCandidate
+from pipeline.tasks.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
+from pipeline.tasks.packages import test_command as command_of
+from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
+from pipeline.tasks.validate import FLAKY, check_task
+from sandbox.local_sandbox import LocalSandbox
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+# --- entries -----------------------------------------------------------------------------------------------
+
+def test_builtin_names_keep_their_pins_and_commands():
+    assert package_specs(("toolz", "tabulate", "boltons")) == DEFAULT_PACKAGES
+    assert parse_entry("toolz==1.0.0") is DEFAULT_PACKAGES[0]
+    assert command_of(DEFAULT_PACKAGES[0]) == "python -m pytest -rA --tb=short -p no:cacheprovider toolz/tests"
+
+
+@pytest.mark.parametrize("entry, expected", [
+    ("attrs==25.3.0", PackageSpec("attrs", "25.3.0")),
+    ("semver", PackageSpec("semver", "")),
+    ("toolz==0.12.0", PackageSpec("toolz", "0.12.0")),  # another version of a built-in: discovered
+    ("parse==1.20.2 test_paths=tests source_globs='parse.py' test_requirements='hypothesis pytest-mock' "
+     "test_command='python -m pytest -rA tests'",
+     PackageSpec("parse", "1.20.2", ("tests",), ("parse.py",), (PYTEST, "hypothesis", "pytest-mock"),
+                 test_command="python -m pytest -rA tests")),
+    ({"name": "idna", "version": "3.10", "test_paths": ["tests"], "test_requirements": ["pytest<9"]},
+     PackageSpec("idna", "3.10", ("tests",), test_requirements=("pytest<9",))),
+])
+def test_entries_parse_into_specs(entry, expected):
+    assert parse_entry(entry) == expected
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("attrs==25 test_path=tests", "unknown override 'test_path'; choose from ['test_paths'"),
+    ("not a/name", "expected `name==version` or `name`"),
+    ("attrs test_command='unclosed", "No closing quotation"),
+])
+def test_bad_entries_say_what_is_wrong(entry, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        parse_entry(entry)
+
+
+def test_entries_round_trip_through_yaml_settings(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("synth:\n  packages:\n    - toolz\n    - attrs==25.3.0\n"
+                    "    - \"parse test_paths=tests test_requirements='hypothesis'\"\n")
+    config = load_config(path)
+    assert config.synth.packages == ("toolz", "attrs==25.3.0", "parse test_paths=tests test_requirements='hypothesis'")
+    assert from_mapping(HandholdConfig, to_mapping(config), "again") == config
+    assert package_specs(config.synth.packages)[2].test_paths == ("tests",)
+    path.write_text("synth:\n  packages: ['attrs bogus=1']\n")
+    with pytest.raises(SettingsError, match="synth: package entry 'attrs bogus=1': unknown override 'bogus'"):
+        load_config(path)
+
+
+# --- discovery ---------------------------------------------------------------------------------------------
+
+def test_pyproject_testpaths_cov_addopts_and_test_extra(tmp_path):
+    root = tree(tmp_path, {
+        "pyproject.toml": """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+[project]
+name = "demo"
+optional-dependencies = {test = ["hypothesis>=6,<7", "pytest==6.2.5", "pytest-cov", "mypy"], docs = ["sphinx"]}
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+addopts = "--cov=demo --cov-report term-missing -n auto -p xdist --strict-markers --timeout=30"
+""",
+        "src/demo/__init__.py": "", "src/demo/core.py": "", "tests/test_core.py": "import demo\n",
+        "docs/conf.py": ""})
+    found = discover(root, "demo")
+    assert found.test_paths == ("tests",)
+    assert found.source_globs == ("src/demo/**/*.py",)
+    # pytest pinned by the project, plugins the kept options need, the test extra loosened; no coverage, linters
+    assert found.test_requirements == (PYTEST, "pytest-timeout", "hypothesis")
+    assert found.pytest_args == ("-o", "addopts=--strict-markers --timeout=30")
+    assert "addopts without --cov=demo --cov-report term-missing -n auto -p xdist" in found.found
+
+
+def test_setup_cfg_tox_and_requirements_files(tmp_path):
+    root = tree(tmp_path, {
+        "setup.cfg": "[tool:pytest]\naddopts = -ra\n[options.extras_require]\ntesting =\n    freezegun\n",
+        "setup.py": "from setuptools import setup\nsetup()\n",
+        "tox.ini": "[testenv]\ndeps =\n    py38: mock\n    -rrequirements/base.txt\n    {[base]deps}\n"
+                   "extras = testing\n",
+        "requirements/base.txt": "six==1.10  # old pin\n",
+        "requirements-test.txt": "-r requirements/base.txt\npytest-mock>=3\ngit+https://example.org/x.git\n",
+        "mypkg/__init__.py": "", "mypkg/tests/test_a.py": "import yaml\ntry:\n    import numpy\nexcept ImportError:\n"
+                                                           "    numpy = None\n",
+        "conftest.py": "import pytest\n"})
+    found = discover(root, "mypkg")
+    assert found.test_paths == ("mypkg/tests",)
+    assert found.source_globs == ("mypkg/**/*.py",)
+    assert found.test_requirements == (PYTEST, "freezegun", "mock", "six", "pytest-mock", "PyYAML")
+    assert found.guessed == ("PyYAML",)  # imported at module level; numpy only inside try
+    assert found.pytest_args == ()
+    assert {"pytest configuration in setup.cfg", "extra 'testing'", "tox.ini [testenv] deps",
+            "requirements-test.txt"} <= set(found.found)
+
+
+def test_top_level_test_module_and_single_module_package(tmp_path):
+    root = tree(tmp_path, {"six.py": "", "test_six.py": "import six\n", "setup.py": "", "documentation/x.txt": ""})
+    found = discover(root, "six")
+    assert (found.test_paths, found.source_globs) == (("test_six.py",), ("six.py",))
+
+
+def test_no_tests_found(tmp_path):
+    root = tree(tmp_path, {"pkg/__init__.py": "", "setup.py": ""})
+    assert discover(root, "pkg").test_paths == ()
+
+
+def test_setuptools_pins_are_raised_for_editables():
+    assert raised_pins(["setuptools>=77,<80", "wheel==0.30", "setuptools_scm[toml]>=6"]) == \
+        ["setuptools>=64,>=77", "wheel", "setuptools_scm[toml]>=6"]
+    assert raised_pins(["setuptools==40.8.0", "cython"]) == ["setuptools>=64", "cython"]
+
+
+def test_hatchling_backend_asked_for_its_editable_needs(tmp_path):
+    """The real backend, installed on this host from the index, answers what its editable build needs:
+    hatchling's is `editables` (which pip's --no-build-isolation install does not bring by itself)."""
+    pyproject = ('[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+                 '[project]\nname = "demo"\nversion = "1.0"\n')
+    plain = tree(tmp_path / "plain", {"pyproject.toml": pyproject, "demo/__init__.py": ""})
+    exact = tree(tmp_path / "exact", {"pyproject.toml": pyproject + "[tool.hatch.build]\ndev-mode-exact = true\n",
+                                      "demo/__init__.py": ""})
+    for root in (plain, exact):
+        needs = editable_requirements(root, tmp_path / "cache")
+        assert [re.split(r"[=~]", r)[0] for r in needs] == ["hatchling", "editables"]
+        assert re.fullmatch(r"hatchling==[\d.]+", needs[0])  # pinned to the version that was asked
+
+
+def test_legacy_setup_py_gets_a_pep660_setuptools(tmp_path):
+    root = tree(tmp_path / "legacy", {"setup.py": "from setuptools import setup\nsetup(name='x', version='1')\n"})
+    needs = editable_requirements(root, tmp_path / "cache")
+    assert [re.split(r"==", r)[0] for r in needs] == ["setuptools", "wheel"]
+    assert int(needs[0].split("==")[1].split(".")[0]) >= 64
+
+
+# --- flake filters, run for real on this host --------------------------------------------------------------
+
+def flaky_repo(path: Path, counter: Path) -> Path:
+    """A package with a stable test and one that fails on every second run (a counter outside the repo)."""
+    tree(path, {
+        "calc.py": "def add(a, b):\n    return a + b\n\n\ndef double(a):\n    return a * 2\n",
+        "tests/test_calc.py": (
+            "from pathlib import Path\nfrom calc import add, double\n\n\n"
+            "def test_add():\n    assert add(2, 3) == 5\n\n\n"
+            "def test_double():\n    assert double(4) == 8\n\n\n"
+            f"def test_flaky():\n    p = Path({str(counter)!r})\n    n = int(p.read_text()) if p.exists() else 0\n"
+            "    p.write_text(str(n + 1))\n    assert n % 2 == 0\n")})
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run([*git, *command], cwd=path, check=True)
+    return path
+
+
+SPEC = PackageSpec("calc", "1", ("tests",), ("calc.py",), (PYTEST,), (), build_requirements=(),
+                   test_command=f"{sys.executable} -m pytest -rA -p no:cacheprovider tests")
+
+
+def test_a_test_that_passes_on_some_runs_is_never_pass_to_pass(tmp_path):
+    with LocalSandbox(flaky_repo(tmp_path / "calc", tmp_path / "counter"), timeout=120) as sandbox:
+        base = baseline(sandbox, SPEC, SynthConfig(baseline_runs=3, min_pass_rate=0.6))
+    assert base.passed == {"tests/test_calc.py::test_add", "tests/test_calc.py::test_double"}
+    assert base.flaky == {"tests/test_calc.py::test_flaky"} and base.total == 3
+    with LocalSandbox(flaky_repo(tmp_path / "again", tmp_path / "counter2"), timeout=120) as sandbox:
+        once = baseline(sandbox, SPEC, SynthConfig(baseline_runs=1, min_pass_rate=0.6))
+    assert "tests/test_calc.py::test_flaky" in once.passed  # one run cannot tell
+
+
+def candidate(original: str, mutated: str) -> BugCandidate:
+    return BugCandidate("calc.py", "add", "change_operator", 2, original, mutated, "test", "cand0")
+
+
+def test_a_bug_is_kept_only_when_it_fails_the_same_tests_on_every_run(tmp_path):
+    repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
+    original = (repo / "calc.py").read_text()
+    stable = candidate(original, original.replace("a + b", "a - b"))
+    # breaks test_double only when a counter (outside the repo) is odd: a flaky failure under the bug
+    flaky = candidate(original, original.replace(
+        "    return a * 2", f"    import pathlib\n    p = pathlib.Path({str(tmp_path / 'bugcount')!r})\n"
+        "    n = int(p.read_text()) if p.exists() else 0\n    p.write_text(str(n + 1))\n"
+        "    return a * 2 + (n + 1) % 2"))
+    config, report = SynthConfig(validation_runs=3, min_pass_rate=0.6), SynthReport()
+    with LocalSandbox(repo, timeout=120) as sandbox:
+        base = baseline(sandbox, SPEC, config)
+        kept = try_candidate(sandbox, SPEC, stable, base, config, report)
+        dropped = try_candidate(sandbox, SPEC, flaky, base, config, report)
+        assert sandbox.read_file("calc.py").decode() == original  # restored after each
+    assert kept[0] == ["tests/test_calc.py::test_add"]
+    assert dropped is None
+    counts = report.per_package[SPEC.key]
+    assert (counts["tested"], counts["broke_tests"], counts["stable"], counts["flaky_with_bug"]) == (2, 2, 1, 1)
+
+
+GOLD = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,5 +1,5 @@\n def add(a, b):\n" \
+       "-    return a - b\n+    return a + b\n \n \n def double(a):\n"
+
+
+def calc_task(repo: Path, tests: str) -> Task:
+    (repo / "calc.py").write_text((repo / "calc.py").read_text().replace("a + b", "a - b"))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "bug"], cwd=repo, check=True)
+    return Task(instance_id="calc__1", repo="demo/calc", base_commit="", patch=GOLD, test_patch="",
+                problem_statement="add subtracts", FAIL_TO_PASS=tests.split(), PASS_TO_PASS=(),
+                image="local/calc", workdir="/testbed", test_cmd="python -m pytest -rA -p no:cacheprovider tests",
+                log_parser="parse_log_pytest", source="synth", setup_patch="", test_files=("tests",))
+
+
+def test_gold_patch_must_resolve_on_every_run(tmp_path):
+    repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
+    task = calc_task(repo, "tests/test_calc.py::test_add tests/test_calc.py::test_flaky")
+    sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
+    once = check_task(task, sandboxes=sandboxes, runs=1)  # the counter is even: the flaky test passes once
+    assert isinstance(once, Task)
+    thrice = check_task(task, sandboxes=sandboxes, runs=3)
+    assert not isinstance(thrice, Task) and thrice.stage == "validate"
+    # the counter goes on from the first check (gold, then empty): runs 2, 3, 4 pass, fail, pass
+    assert thrice.reason.startswith(f"{FLAKY} the gold patch resolves it on 2 of 3 runs")
+    stable = check_task(dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add",)),
+                        sandboxes=sandboxes, runs=3)
+    assert isinstance(stable, Task)
