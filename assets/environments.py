@@ -1,6 +1,7 @@
 """Assets that make the SWE environments: base image, sources, environment images, tasks."""
 
 import dataclasses
+import hashlib
 import json
 
 import dagster as dg
@@ -69,6 +70,25 @@ def environment_images(context: dg.AssetExecutionContext, settings: HandholdSett
     return dg.MaterializeResult(metadata={"images": tags, "count": len(tags), "packages_failed": failed})
 
 
+def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int) -> tuple[list[Task], list, int]:
+    """The validated tasks of every dataset source added so far, the rows this run set aside, and how many
+    rows it validated. A source's rows are validated once (keyed by their content) and kept under
+    data/tasks/sources/, so a new source adds its tasks without re-validating or dropping the others."""
+    store = settings.path("tasks", "sources")
+    store.mkdir(exist_ok=True)
+    rejects, validated = [], 0
+    if rows:
+        digest = hashlib.sha256(json.dumps([t.to_row() for t in rows], sort_keys=True).encode()).hexdigest()[:16]
+        if not (store / f"{digest}.parquet").exists():
+            checked, rejects = check_tasks(rows, workers=workers)
+            validated = len(rows)
+            write_rows(store / f"{digest}.parquet", [t.to_row() for t in checked], TASK_SCHEMA)
+    by_id = {}
+    for path in sorted(store.glob("*.parquet"), key=lambda f: f.stat().st_mtime_ns):  # a later source wins
+        by_id.update({r["instance_id"]: Task.from_row(r) for r in read_records(path, TASK_SCHEMA, produced_by="tasks")})
+    return list(by_id.values()), rejects, validated
+
+
 @dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images], check_specs=[TASK_CHECK])
 def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
           credentials: Credentials) -> dg.MaterializeResult:
@@ -80,7 +100,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     synthesized, overlapping = decontaminate(synthesized, config.sources.decontaminate, config.sources.eval_benchmarks)
     dataset_rows = [Task.from_row(r) for r in read_records(settings.path("sources", "dataset_tasks.parquet"),
                                                            TASK_SCHEMA, produced_by="task_sources")]
-    checked, dataset_rejects = check_tasks(dataset_rows, workers=config.synth.workers)
+    checked, dataset_rejects, validated = dataset_tasks(settings, dataset_rows, config.synth.workers)
     all_tasks, rejects = synthesized + checked, report.rejects + overlapping + dataset_rejects
     path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)
     write_rows(settings.path("tasks", "rejects.parquet"), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
@@ -89,6 +109,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     stats = report.as_json()
     settings.path("tasks", "synth_report.json").write_text(json.dumps(stats, indent=1))
     return dg.MaterializeResult(metadata={
-        "path": str(path), "tasks": len(all_tasks), "rejected": len(rejects), "synth_seconds": stats["seconds"],
+        "path": str(path), "tasks": len(all_tasks), "dataset_tasks": len(checked), "dataset_rows_validated": validated,
+        "rejected": len(rejects), "synth_seconds": stats["seconds"],
         "per_package": stats["per_package"], "per_kind": stats["per_kind"],
     }, check_results=[task_check(all_tasks, config.recheck_tasks)])

@@ -146,3 +146,20 @@ def test_a_new_batch_takes_the_tasks_its_policy_has_not_attempted_first(tmp_path
     write_rows(settings.path("trajectories", "unguided", "b0", "trajectories.parquet"), old, TRAJECTORY_SCHEMA)
     assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b1")] == ["b/y-0", "a/x-1", "b/y-1"]
     assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b0")] == ["a/x-0", "b/y-0", "a/x-1"]
+
+
+def test_a_new_dataset_source_adds_its_tasks_without_revalidating_the_others(synth_run, tmp_path):
+    from assets.environments import dataset_tasks
+    from assets.resources import HandholdSettings
+
+    settings = HandholdSettings(data_dir=str(tmp_path))
+    first, second = synth_run[0][0], synth_run[0][1]
+    broken = dataclasses.replace(second, instance_id="broken", patch="")  # an empty gold patch resolves nothing
+    tasks, rejects, validated = dataset_tasks(settings, [first], workers=1)
+    assert ([t.instance_id for t in tasks], rejects, validated) == ([first.instance_id], [], 1)
+    tasks, rejects, validated = dataset_tasks(settings, [first], workers=1)  # the same source again: kept as is
+    assert ([t.instance_id for t in tasks], validated) == ([first.instance_id], 0)
+    tasks, rejects, validated = dataset_tasks(settings, [second, broken], workers=1)  # a new source adds its own
+    assert sorted(t.instance_id for t in tasks) == sorted([first.instance_id, second.instance_id]) and validated == 2
+    assert [r.item for r in rejects] == ["broken"]
+    assert dataset_tasks(settings, [], workers=1)[0] == tasks  # a run without a source keeps every one
