@@ -4,7 +4,9 @@ Per package version: one environment image; its pristine suite run `baseline_run
 test that does not pass every time is never PASS_TO_PASS); AST bug candidates validated in
 sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still passing
 PASS_TO_PASS; the same failures on every one of `validation_runs` runs, and the gold patch
-resolving on every run); every stage counted, every package that yields nothing says why.
+resolving on every run); every stage counted, every package that yields nothing says why. Besides AST
+mutations: rewrites by the teacher LLM (`rewrite`) and bugs of one module combined (`combine`); every kept
+task carries a difficulty record in its provenance, summarised in the report.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ from pipeline.agent.policy import Policy
 from pipeline.grading import GRADER_VERSION
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
+from pipeline.tasks import combine as combined
+from pipeline.tasks.difficulty import difficulty, summary, task_difficulty
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.packages import DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, \
     build_environment_image, fetch_source, package_specs, resolve, test_command
 from pipeline.tasks.issue_writer import written_statement
+from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
 from pipeline.tasks.validate import FLAKY, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
@@ -70,11 +75,19 @@ class SynthConfig:
     """Most candidates taken from one function (spreads tasks over the code)."""
     seed: int = 0
     """Seed of candidate sampling and problem-statement templates."""
+    rewrite: bool = False
+    """Also ask the teacher LLM (guidance.teacher, not `rule`) to rewrite functions with a subtle bug, same signature and docstring."""
+    rewrites_per_package: int = 6
+    """Most functions per package the teacher is asked to rewrite (each one request) when `rewrite` is on."""
+    combine: int = 0
+    """Most combined tasks per package: 2-3 kept bugs of one module (disjoint lines) merged, FAIL_TO_PASS their union; 0: none."""
 
     def __post_init__(self):
         package_specs(self.packages)  # a malformed entry fails here, naming itself
         if self.baseline_runs < 1 or self.validation_runs < 1:
             raise ValueError("baseline_runs and validation_runs must be at least 1")
+        if self.rewrites_per_package < 0 or self.combine < 0:
+            raise ValueError("rewrites_per_package and combine must be 0 or more")
 
 
 @dataclass
@@ -86,6 +99,8 @@ class SynthReport:
     per_kind: dict[str, Counter] = field(default_factory=dict)
     rejects: list[RejectedTask] = field(default_factory=list)
     seconds: float = 0.0
+    difficulty: list[tuple[str, str, dict]] = field(default_factory=list)
+    """(package, kind, difficulty record) of every task returned, cached ones included."""
 
     def count(self, package: str, kind: str, stage: str, n: int = 1) -> None:
         with _COUNT_LOCK:
@@ -98,9 +113,16 @@ class SynthReport:
             self.per_package.setdefault(package, Counter())[what] += n
 
     def as_json(self) -> dict:
+        by_package, by_kind = {}, {}
+        for package, kind, record in self.difficulty:
+            by_package.setdefault(package, []).append(record)
+            by_kind.setdefault(kind, []).append(record)
         return {"per_package": {k: dict(v) for k, v in self.per_package.items()},
                 "per_kind": {k: dict(v) for k, v in sorted(self.per_kind.items())},
-                "rejects": len(self.rejects), "seconds": round(self.seconds, 1)}
+                "rejects": len(self.rejects), "seconds": round(self.seconds, 1),
+                "difficulty": {"all": summary([r for _, _, r in self.difficulty]),
+                               "per_package": {k: summary(v) for k, v in by_package.items()},
+                               "per_kind": {k: summary(v) for k, v in sorted(by_kind.items())}}}
 
 
 @dataclass(frozen=True)
@@ -179,7 +201,8 @@ def _collect(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple
 
 
 def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
-                  config: SynthConfig, report: SynthReport) -> tuple[list[str], str] | None:
+                  config: SynthConfig, report: SynthReport, expect: list[str] | None = None
+                  ) -> tuple[list[str], str] | None:
     """(FAIL_TO_PASS, log) when the bug breaks the same tests on every run; the file is restored after."""
     path = f"{sandbox.workdir}/{cand.file}"
     sandbox.write_file(path, cand.mutated_source)
@@ -194,6 +217,9 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
         if not 1 <= len(f2p) <= config.max_fail_to_pass or len(f2p) == len(base.passed):
             return None
         report.count(spec.key, cand.kind, "broke_tests")
+        if expect is not None and f2p != expect:  # a combined bug must fail exactly its parts' tests
+            report.count(spec.key, cand.kind, "fail_to_pass_not_union")
+            return None
         for _ in range(config.validation_runs - 1):
             again, _, _ = run_suite(sandbox, spec, limit)
             if sorted(t for t in base.passed if again.get(t, "FAILED") != "PASSED") != f2p:
@@ -206,12 +232,18 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
 
 
 def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
-              text: str, config: SynthConfig, writer: Policy | None = None) -> Task:
+              text: str, config: SynthConfig, writer: Policy | None = None,
+              parts: list[BugCandidate] = ()) -> Task:
+    """The task of a bug that broke `f2p` on every run; `parts`: the bugs a combined one holds."""
     p2p = sorted(base.passed - set(f2p))
     statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text),
                                   gold_patch(cand), config.seed)
+    kinds = [p.kind for p in parts] or [cand.kind]
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
-                  "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id}
+                  "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id,
+                  "difficulty": difficulty(gold_patch(cand), f2p, kinds)}
+    if parts:
+        provenance["parts"] = [p.candidate_id for p in parts]
     return Task(
         instance_id=f"{spec.name}__{spec.version}__{cand.kind}__{cand.candidate_id[:10]}",
         repo=f"pypi/{spec.name}", base_commit="", patch=gold_patch(cand), test_patch="",
@@ -223,7 +255,8 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
 
 
 def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: SynthConfig,
-                       report: SynthReport, client: docker.DockerClient, writer: Policy | None = None) -> list[Task]:
+                       report: SynthReport, client: docker.DockerClient, writer: Policy | None = None,
+                       rewriter: Policy | None = None) -> list[Task]:
     """Candidate tasks of one package, in its environment image (not yet checked by the verifier)."""
     root = fetch_source(spec, cache)
     candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
@@ -233,6 +266,7 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
         report.count(spec.key, kind, "generated", n)
     for kind, n in stats.compiled.items():
         report.count(spec.key, kind, "compiled", n)
+    candidates = _rewrites(spec, root, config, report, rewriter) + candidates  # few and costly: tried first
     sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
     try:
         spec = runnable(sandboxes[0], spec, config)
@@ -243,57 +277,107 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
         if not candidates:
             raise PackageError(f"{spec.key}: no bug candidates in {list(spec.source_globs or ())}; set "
                                "source_globs=<globs> in the package entry", "candidates")
-        tasks = _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer)
+        kept = _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer,
+                                    want=config.tasks_per_package)
+        if config.combine:
+            begun = time.monotonic()
+            kept += _combined(spec, image, kept, base, sandboxes, config, report, writer)
+            report.note(spec.key, "combine_seconds", round(time.monotonic() - begun, 1))  # verifier not included
     finally:
         for sb in sandboxes:
             sb.close()
-    return tasks
+    return [task for task, _ in kept]
 
 
-def _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer) -> list[Task]:
-    """Try candidates on the sandboxes in parallel until enough are kept."""
-    tasks: list[Task] = []
-    pending = list(candidates)
+def _rewrites(spec, root, config, report, rewriter) -> list[BugCandidate]:
+    """The teacher's rewrites as candidates; each rejected one counted under `rejected_<reason>`."""
+    if not config.rewrite or not config.rewrites_per_package:
+        return []
+    if rewriter is None:
+        report.rejects.append(RejectedTask(spec.key, "rewrite", "rewrite needs an LLM teacher: set guidance.teacher "
+                                           "to an LLM (not rule), or synth.rewrite to false"))
+        return []
+    made, rejected = rewrite_candidates(root, list(spec.source_globs), rewriter, spec.name, config.seed,
+                                        config.rewrites_per_package)
+    report.count(spec.key, "rewrite", "generated", len(made) + len(rejected))
+    report.count(spec.key, "rewrite", "compiled", len(made))
+    for r in rejected:
+        report.count(spec.key, "rewrite", f"rejected_{r.reason}")
+        report.rejects.append(RejectedTask(f"{spec.key}:{r.file}:{r.function}", "rewrite", f"{r.reason}: {r.detail}"))
+    return made
+
+
+def _combined(spec, image, kept, base, sandboxes, config, report, writer) -> list[tuple[Task, BugCandidate]]:
+    """Up to `combine` tasks each merging 2-3 kept bugs of one module, validated as a whole."""
+    f2p = {cand.candidate_id: task.FAIL_TO_PASS for task, cand in kept}
+    groups = combined.combinations_to_try([cand for _, cand in kept], config.seed)
+    report.count(spec.key, combined.KIND, "generated", len(groups))
+    report.count(spec.key, combined.KIND, "compiled", len(groups))
+    parts = {cand.candidate_id: group for cand, group in groups}
+    expect = {cand.candidate_id: sorted({t for p in group for t in f2p[p.candidate_id]}) for cand, group in groups}
+    return _validate_candidates(spec, image, [cand for cand, _ in groups], base, sandboxes, config, report, writer,
+                                want=config.combine, parts=parts, expect=expect)
+
+
+def _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer, want: int,
+                         parts: dict | None = None, expect: dict | None = None) -> list[tuple[Task, BugCandidate]]:
+    """Try candidates on the sandboxes in parallel until `want` are kept, in candidate order."""
+    kept: list[tuple[int, Task, BugCandidate]] = []
+    pending = list(enumerate(candidates))
     lock = threading.Lock()
 
-    def next_candidate() -> BugCandidate | None:
+    def next_candidate() -> tuple[int, BugCandidate] | None:
         with lock:
-            return pending.pop(0) if pending and len(tasks) < config.tasks_per_package else None
+            return pending.pop(0) if pending and len(kept) < want else None
 
     def worker(sandbox: DockerSandbox) -> None:
-        while (cand := next_candidate()) is not None:
-            found = try_candidate(sandbox, spec, cand, base, config, report)
+        while (item := next_candidate()) is not None:
+            i, cand = item
+            found = try_candidate(sandbox, spec, cand, base, config, report,
+                                  expect=(expect or {}).get(cand.candidate_id))
             if found:
-                task = make_task(spec, image, cand, found[0], base, found[1], config, writer)
+                task = make_task(spec, image, cand, found[0], base, found[1], config, writer,
+                                 parts=(parts or {}).get(cand.candidate_id, []))
                 with lock:
-                    if len(tasks) < config.tasks_per_package:
-                        tasks.append(task)
+                    if len(kept) < want:
+                        kept.append((i, task, cand))
 
     with ThreadPoolExecutor(len(sandboxes)) as pool:
         for future in [pool.submit(worker, sb) for sb in sandboxes]:
             future.result()
-    return tasks
+    return [(task, cand) for _, task, cand in sorted(kept, key=lambda k: k[0])]
 
 
-def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None) -> Path:
+def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None,
+                rewriter: Policy | None) -> Path:
+    more = ()  # settings added later join the key only when used, so earlier caches stay valid
+    if config.rewrite:
+        more += ("rewrite", config.rewrites_per_package, rewriter.name if rewriter else "none")
+    if config.combine:
+        more += ("combine", config.combine)
     key = repr((image, spec, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
                 config.max_per_function, config.seed, config.min_pass_rate, config.slowdown, config.baseline_runs,
-                config.validation_runs, writer.name if writer else "templates", GRADER_VERSION))
+                config.validation_runs, writer.name if writer else "templates", GRADER_VERSION) + more)
     return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
 
 
 def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker.DockerClient, *,
                specs: tuple[PackageSpec, ...] | None = None,
-               statement_writer: Policy | None = None) -> tuple[list[Task], SynthReport]:
+               statement_writer: Policy | None = None,
+               rewriter: Policy | None = None) -> tuple[list[Task], SynthReport]:
     """Validated tasks from every package (`specs`, else the configured names); a package that fails is
     reported (a RejectedTask naming package, stage and reason), not fatal. `statement_writer`: the teacher
-    LLM that writes problem statements (None: templates)."""
+    LLM that writes problem statements (None: templates); `rewriter`: the one that rewrites functions when
+    `config.rewrite` is on (None: the statement writer)."""
+    rewriter = rewriter or statement_writer
     start, report, tasks = time.monotonic(), SynthReport(), []
     for spec in specs if specs is not None else package_specs(config.packages):
         begun = time.monotonic()
         try:
             spec = resolve(spec, cache)
-            tasks += _package_tasks(spec, base_image, cache, config, report, client, statement_writer)
+            found = _package_tasks(spec, base_image, cache, config, report, client, statement_writer, rewriter)
+            report.difficulty += [(spec.key, json.loads(t.provenance)["kind"], task_difficulty(t)) for t in found]
+            tasks += found
         except PackageError as exc:
             log.warning("skipping %s at %s: %s", spec.key, exc.stage, exc)
             report.rejects.append(RejectedTask(spec.key, exc.stage, str(exc)))
@@ -302,16 +386,33 @@ def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker
     return tasks, report
 
 
-def _package_tasks(spec, base_image, cache, config, report, client, writer) -> list[Task]:
+def _parts_kept(spec: PackageSpec, tasks: list[Task], report: SynthReport) -> list[Task]:
+    """The tasks less each combined one with a part the verifier set aside (it must merge validated bugs)."""
+    ids = {json.loads(t.provenance)["candidate_id"] for t in tasks}
+    out = []
+    for task in tasks:
+        missing = set(json.loads(task.provenance).get("parts", ())) - ids
+        if missing:
+            report.rejects.append(RejectedTask(task.instance_id, "combine", f"parts {sorted(missing)} were set "
+                                               "aside by the verifier"))
+        else:
+            out.append(task)
+    return out
+
+
+def _package_tasks(spec, base_image, cache, config, report, client, writer, rewriter) -> list[Task]:
     image = build_environment_image(spec, base_image, cache, client)
-    cached = _cache_file(spec, image, config, cache, writer)
+    cached = _cache_file(spec, image, config, cache, writer, rewriter)
     if cached.exists():
         report.per_package.setdefault(spec.key, Counter())["cached"] = 1
         return [Task.from_row(r) for r in read_rows(cached)]
     start = time.monotonic()
     log.info("%s: synthesizing tasks in %s", spec.key, image)
-    candidates = synthesize_package(spec, image, cache, config, report, client, writer)
+    candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
+    begun = time.monotonic()
     kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs)
+    report.note(spec.key, "verify_seconds", round(time.monotonic() - begun, 1))
+    kept = _parts_kept(spec, kept, report)
     report.rejects += rejects
     report.note(spec.key, "flaky_gold", sum(r.reason.startswith(FLAKY) for r in rejects))
     for task in kept:
