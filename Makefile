@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test docker base-image install dev bench chromium
+.PHONY: demo test docker base-image install dev bench chromium redis
 
 demo: base-image
 	$(VENV)/bin/handhold demo
 
-test: base-image chromium
+test: base-image chromium redis
 	HANDHOLD_REQUIRE_DOCKER=1 $(PY) -m pytest -q
 
 # The Dagster UI: the code location `handhold` ([tool.dagster] in pyproject.toml), the instance in DAGSTER_HOME
@@ -41,6 +41,17 @@ chromium:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else \
 	    echo "tests/test_ui.py needs Chromium: install it (Debian: apt-get install chromium), then run this again." >&2; \
+	    exit 1; \
+	  fi; }
+
+# Debian's redis-server, the Celery broker tests/test_celery.py starts on loopback: installed as root on Debian when missing.
+redis:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "Installing redis-server from Debian's packages (the Celery test's broker)..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "tests/test_celery.py needs redis-server: install it (Debian: apt-get install redis-server), then run this again." >&2; \
 	    exit 1; \
 	  fi; }
 

@@ -10,6 +10,7 @@ from assets.guidance import guidance, guided_rollouts
 from assets.partitions import nightly_schedule, task_source_sensor
 from assets.resources import Credentials, HandholdSettings, config_model
 from assets.rollouts import unguided_rollouts
+from assets.scaling import rollouts_celery
 from assets.training import actguide_model, dpo_model, policy_evaluation
 from pipeline.agent.factory import PolicySpec
 from pipeline.guidance.rescue import GuidanceConfig
@@ -53,7 +54,7 @@ def missing_prod_env(environ: dict) -> list[str]:
 def definitions(deployment: str = "local") -> dg.Definitions:
     main_job = dg.define_asset_job("main", selection=dg.AssetSelection.all(),
                                    description="The whole graph: environments to trained policy.")
-    return dg.Definitions(assets=all_assets, asset_checks=dataset_checks, jobs=[main_job],
+    return dg.Definitions(assets=all_assets, asset_checks=dataset_checks, jobs=[main_job, rollouts_celery],
                           schedules=[nightly_schedule(main_job)], sensors=[task_source_sensor(main_job)],
                           resources=resources(deployment))
 
