@@ -1,7 +1,8 @@
 """DPO + ActGuide + SFT build time and peak memory: the polars builders against a pure-Python build of
-the same rows (a loop over dicts, written with pipeline.store.write_rows), in the same run, on the same
+the same rows (a loop over dicts, written with pyarrow), in the same run, on the same
 synthetic trajectories (tens of messages, kilobytes of tool output, per-token log-probs). Each build
-runs in its own process, so each peak RSS is its own. Both outputs are compared table for table.
+runs in its own process, so each peak RSS is its own; its CPU seconds (all threads, user and system)
+say what it costs whatever else the machine runs. Both outputs are compared table for table.
 
     python benchmarks/datasets_build.py [--trajectories 200000] [--batches 10] [--dir /tmp/x]
 Targets: polars >= 10x faster than the baseline, peak memory < 4 GiB.
@@ -10,8 +11,10 @@ Targets: polars >= 10x faster than the baseline, peak memory < 4 GiB.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
+import re
 import resource
 import subprocess
 import sys
@@ -27,7 +30,6 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pipeline.records import TRAJECTORY_SCHEMA  # noqa: E402
-from pipeline.store import write_rows  # noqa: E402
 
 KINDS = ("plan", "environment_feedback", "environment_interaction", "action")
 TOOLS = json.dumps([{"type": "function", "function": {"name": n, "description": "x" * 300,
@@ -54,7 +56,8 @@ def message(role: str, content: str | None, calls: list | None = None, call_id: 
 
 
 def attempt(text: Text, rng: random.Random, task: dict, batch: str, kind: str, sample: int, reward: float) -> dict:
-    """One stored trajectory: 5-20 tool calls, tool outputs of 0.2-4 KB."""
+    """One stored trajectory: 5-20 tool calls, tool outputs of 0.2-4 KB; a few successes write the gold hunk
+    out (left out of the datasets), a few guided attempts echo their hint in a tool output (left out too)."""
     hint = task["hints"][kind] if kind != "none" else ""
     unguided = [message("system", task["system"]), message("user", task["issue"])]
     prompt = unguided if not hint else [unguided[0], message("user", task["issue"] + "\n\n" + hint)]
@@ -64,7 +67,11 @@ def attempt(text: Text, rng: random.Random, task: dict, batch: str, kind: str, s
         completion += [message("assistant", text(40, 400), [{"id": f"call_{i}", "type": "function", "function": {
             "name": "bash", "arguments": args}}]), message("tool", text(200, 4000), call_id=f"call_{i}")]
         turns.append((len(completion[-2]["content"]) + len(args)) // 4)  # tokens of the turn, as log-probs
-    gold = reward > 0 and rng.random() < 0.1
+    if reward > 0 and rng.random() < 0.02:
+        completion[0]["content"] = "Applying this:\n" + task["hunk"]
+    if hint and rng.random() < 0.01:
+        completion[1]["content"] = "notes.txt: " + hint
+    gold = reward > 0 and rng.random() < 0.1  # a fix equal to the gold patch: kept
     rid = f"{batch}-{task['id']}-{kind}-{sample}"
     return {
         "rollout_id": rid, "group_id": f"{batch}|{task['id']}|{kind}", "batch": batch, "instance_id": task["id"],
@@ -101,7 +108,11 @@ def generate(data: Path, total: int, batches: int, seed: int = 0) -> dict[str, s
     for b in range(batches):
         batch, rows = f"2026-12-{b + 1:02d}", {"unguided": [], "guided": []}
         while made < total * (b + 1) // batches:
-            task = {"id": f"repo__{len(gold)}", "system": system, "issue": text(500, 2000), "gold": text(150, 600),
+            body, name = text(150, 600).rstrip(), f"pkg/m{len(gold)}.py"
+            task = {"id": f"repo__{len(gold)}", "system": system, "issue": text(500, 2000),
+                    "gold": f"diff --git a/{name} b/{name}\n--- a/{name}\n+++ b/{name}\n"
+                            f"@@ -1,4 +1,4 @@ def f():\n{body}\n",
+                    "hunk": f"@@ -1,4 +1,4 @@\n{body}",
                     "actions": [{"name": "bash", "args": json.dumps({"command": text(20, 80)})} for _ in range(5)],
                     "hints": {kind: hints(300, 900) for kind in KINDS}}
             gold[task["id"]] = task["gold"]
@@ -127,8 +138,6 @@ def canonical(messages: list[dict]) -> str:
 
 
 def sha(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -152,11 +161,11 @@ def tokens(messages: list[dict]) -> int:
     return (chars + 3) // 4 + 4 * len(messages)
 
 
-def normalized(patch: str) -> str:
-    import re
-
-    patch = re.sub(r"(?m)^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "", patch)
-    return re.sub(r"(?m)^(@@ [^@]* @@).*$", r"\1", patch).strip()
+def hunks(gold_patch: str) -> str:
+    """The gold diff from its first hunk on, without what depends on the tool that wrote it."""
+    patch = re.sub(r"(?m)^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "", gold_patch)
+    found = re.search(r"(?s)(@@ .*)", re.sub(r"(?m)^(@@ [^@]* @@).*$", r"\1", patch).strip())
+    return found.group(1) if found else ""
 
 
 def usable(rows: list[dict], gold: dict[str, str], limits: tuple[int, int]) -> list[dict]:
@@ -183,8 +192,9 @@ def usable(rows: list[dict], gold: dict[str, str], limits: tuple[int, int]) -> l
         r["guided_prompt_tokens"] = tokens(r["prompt"])
         if r["prompt_tokens"] > limits[0] or r["completion_tokens"] > limits[1]:
             continue
-        g = normalized(gold.get(r["instance_id"], ""))
-        r["gold_leak"] = bool(g) and g in normalized(r["patch"])
+        h = hunks(gold.get(r["instance_id"], "")) if r["reward"] > 0 else ""
+        said = [m for m in r["completion"] if m["role"] == "assistant"]
+        r["gold_leak"] = bool(h) and h in row_text(r["prompt_chat"]) + "\x1e" + row_text(said)
         r["completion_hash"] = sha(canonical(stored))
         r["prompt_key"] = sha(canonical(r["unguided_prompt"]) + "\x1d" + r["tools"])
         out.append(r)
@@ -269,16 +279,24 @@ def baseline_actguide(rows: list[dict], config) -> list[dict]:
     return out
 
 
+COLUMNS = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
+           "guidance_actions", "guidance_k", "prompt", "unguided_prompt", "messages", "tools", "logprobs", "reward",
+           "resolved", "infra_error", "quotes_guidance"]  # the columns the rules use
+
+
 def baseline(data: Path, out: Path, gold: dict[str, str]) -> None:
-    from pipeline.datasets.build import KINDS as SCHEMAS, DatasetConfig, batch_names, trajectory_files
-    from pipeline.datasets.pairs import USED
+    """Each batch's files read whole into dicts, the rows made by the loops above, each shard written
+    as the builders write theirs (same codec: same files, not only the same rows)."""
+    from pipeline.datasets.build import COMPRESSION, KINDS as SCHEMAS, DatasetConfig, batch_names, trajectory_files
 
     config, seen = DatasetConfig(), {"dpo": set(), "sft": set()}
     for batch in batch_names(data):
-        rows = [r for f in trajectory_files(data, batch) for r in pq.read_table(f, columns=USED).to_pylist()]
+        rows = [r for f in trajectory_files(data, batch) for r in pq.read_table(f, columns=COLUMNS).to_pylist()]
         built = baseline_rows(rows, gold, seen, config)
         for kind, schema in SCHEMAS.items():
-            write_rows(out / kind / f"{batch}.parquet", built[kind], schema)
+            (out / kind).mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist(built[kind], schema=schema), out / kind / f"{batch}.parquet",
+                           compression=COMPRESSION)
         seen["dpo"] |= {(r["instance_id"], r["chosen_hash"], r["rejected_hash"]) for r in built["dpo"]}
         seen["sft"] |= {(r["instance_id"], r["completion_hash"]) for r in built["sft"]}
 
@@ -290,34 +308,44 @@ def polars_build(data: Path, out: Path, gold: dict[str, str]) -> None:
     print(json.dumps({"rows": report.rows, "dropped": report.dropped}), file=sys.stderr)
 
 
-def io_floor(data: Path, out: Path) -> float:
-    """Seconds any build spends on I/O: reading the inputs' used columns and writing the same output
-    tables (those in `out`, read beforehand, untimed) zstd-compressed."""
-    from pipeline.datasets.build import batch_names, read_trajectories, trajectory_files
+def clock() -> tuple[float, float]:
+    """(wall, CPU) seconds: CPU of every thread of this process, user and system."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), used.ru_utime + used.ru_stime
 
-    start = time.perf_counter()
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    return tuple(now - then for now, then in zip(clock(), start))
+
+
+def io_floor(data: Path, out: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds any build spends on I/O: reading the inputs' used columns and writing the same
+    output tables (those in `out`, read beforehand, untimed) as the shards are written."""
+    from pipeline.datasets.build import COMPRESSION, batch_names, read_trajectories, trajectory_files
+
+    start = clock()
     for batch in batch_names(data):
         read_trajectories(trajectory_files(data, batch))
-    seconds = time.perf_counter() - start
+    spent = since(start)
     for path in sorted(out.rglob("*.parquet")):
         table = pq.read_table(path)
-        start = time.perf_counter()
-        pq.write_table(table, out.parent / "io-floor.parquet", compression="zstd")
-        seconds += time.perf_counter() - start
-    return seconds
+        start = clock()
+        pq.write_table(table, out.parent / "io-floor.parquet", compression=COMPRESSION)
+        spent = tuple(a + b for a, b in zip(spent, since(start)))
+    return spent
 
 
 def child(phase: str, data: Path, out: Path) -> None:
-    """One build in this process; prints its wall time and peak RSS as JSON."""
+    """One build in this process; prints its wall time, CPU time and peak RSS as JSON."""
     gold = json.loads((data / "gold.json").read_text())
-    start = time.perf_counter()
+    start = clock()
     if phase == "io":
-        seconds = io_floor(data, out)  # (its peak RSS is that of the largest output shard, read whole)
+        seconds, cpu = io_floor(data, out)  # (its peak RSS is that of the largest output shard, read whole)
     else:
         {"polars": polars_build, "baseline": baseline}[phase](data, out, gold)
-        seconds = time.perf_counter() - start
+        seconds, cpu = since(start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
-    print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": peak}))
 
 
 def measured(phase: str, data: Path, out: Path) -> dict:
@@ -364,7 +392,8 @@ def main() -> None:
         slow = measured("baseline", data, Path(tmp) / "baseline")
         floor = measured("io", data, Path(tmp) / "polars")
         for name, m in [("polars builders", fast), ("pure-Python baseline", slow), ("I/O alone", floor)]:
-            print(f"{name:22s} {m['seconds']:8.1f} s   peak RSS {m['peak_bytes'] / 2**30:5.2f} GiB")
+            print(f"{name:22s} {m['seconds']:8.1f} s   CPU {m['cpu_seconds']:6.1f} s   "
+                  f"peak RSS {m['peak_bytes'] / 2**30:5.2f} GiB")
         print(f"speed-up {slow['seconds'] / fast['seconds']:.1f}x (target >= 10x); "
               f"polars peak {fast['peak_bytes'] / 2**30:.2f} GiB (target < 4 GiB); "
               f"same rows: {same_rows(Path(tmp) / 'polars', Path(tmp) / 'baseline')}")

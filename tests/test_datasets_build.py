@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,6 +18,8 @@ from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, KINDS, SFT_SCHEMA, B
                                task_split, update_datasets)
 from pipeline.datasets import build
 from pipeline.datasets.build import batch_names, read_trajectories, trajectory_files
+from pipeline.datasets.pairs import CALLS, mentions, row_text
+from pipeline.datasets.splits import content_hashes
 from pipeline.records import TRAJECTORY_SCHEMA, Action, Trajectory, record_schema
 from pipeline.store import write_rows
 
@@ -188,6 +191,45 @@ def test_identical_completions_and_repeated_rollouts_are_deduplicated():
     assert len(keys) == len(set(keys)) == 7
     assert rows.dpo.select("chosen_hash", "rejected_hash").is_unique().all()
     assert "u5" not in rows.dpo["rejected_rollout_id"] and "g7" not in rows.sft["rollout_id"]
+
+
+STORED = pl.List(pl.Struct({"role": pl.String, "content": pl.String, "tool_calls": pl.String,
+                             "tool_call_id": pl.String}))
+CHAT = pl.List(pl.Struct({"role": pl.String, "content": pl.String, "tool_calls": CALLS, "tool_call_id": pl.String}))
+
+
+def stored(role: str, content: str | None = None, calls: str | None = None, call_id: str | None = None) -> dict:
+    return {"role": role, "content": content, "tool_calls": calls, "tool_call_id": call_id}
+
+
+@pytest.mark.parametrize("rows_at_once", [1, 4, 1000])
+def test_a_completion_hash_is_the_sha256_of_its_canonical_text(rows_at_once):
+    call = json.dumps([{"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}])
+    rows = [[stored("system", "s"), stored("user", "u"), stored("assistant", "a", call),
+             stored("tool", "out", None, "c")], [], None, [stored("user", "u")], [stored("user"), stored("assistant", "")],
+            [stored("system", "x"), None, stored("assistant", "y")]]
+    texts = [f"assistant\x1fa\x1f{call}\x1f\x1etool\x1fout\x1f\x1fc", "", "", "", "assistant\x1f\x1f\x1f",
+             "assistant\x1fy\x1f\x1f"]  # the completion after `first` messages; a null message is skipped
+    hashes = content_hashes(pl.Series(rows, dtype=STORED), pl.Series([2, 0, 0, 5, 1, 1]), rows_at_once)
+    assert hashes.to_list() == [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+    assert content_hashes(pl.Series(rows[:2], dtype=STORED), pl.Series([None, 0])).to_list() == [
+        None, hashlib.sha256(b"").hexdigest()]
+
+
+def test_a_text_is_found_in_any_field_of_a_chat_but_never_across_two():
+    def said(content, *calls):
+        return {"role": "assistant", "content": content, "tool_call_id": None, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls] or None}
+
+    chats = pl.Series([[said("look at add.py")], [said(None, ("bash", '{"cmd": "cat add.py"}'))],
+                       [said("add"), said(".py")], [said("add", ("x", ".py"))], [said(None, (None, "add.py"))], []],
+                      dtype=CHAT)
+    assert mentions(pl.Series(["add.py"] * 6), chats).to_list() == [True, True, False, False, False, False]
+    # a needle holding a separator is looked for in the text `row_text` writes, separators and all
+    assert mentions(pl.Series(["add\x1f\x1e.py"] * 6), chats).to_list() == [False, False, True, False, False, False]
+    assert mentions(pl.Series(["add.py"] * 6), chats).to_list() == chats.to_frame("m").select(
+        row_text(pl.col("m")).str.contains("add.py", literal=True)).to_series().to_list()
+    assert mentions(pl.Series(["cat add", "nothing"]), chats[:2], chats[1:3]).to_list() == [True, False]
 
 
 def test_same_input_gives_the_same_rows_in_the_same_order():

@@ -1,23 +1,23 @@
 """Training rows from graded trajectories: DPO pairs, SFT examples, ActGuide groups (polars, no I/O).
 
 `prepare` turns one or more batches of trajectories (TRAJECTORY_SCHEMA columns) into usable
-attempts, counting what it leaves out; `dpo_rows`, `sft_rows` and `actguide_rows` make rows of the
-schemas below from them. Messages leave in TRL's conversational form: OpenAI chat dicts whose tool
+attempts, counting what it leaves out: a light frame the rules decide on, whose `row` points into
+a frame of the heavy columns (chat-form messages, log-probs). `dpo_rows`, `sft_rows` and
+`actguide_rows` make rows of the schemas below from them, taking the heavy columns only for the
+rows they make. Messages leave in TRL's conversational form: OpenAI chat dicts whose tool
 calls are structured `{"id", "type": "function", "function": {"name", "arguments"}}` with
 `arguments` kept a JSON string, as OpenAI sends it (why: `arguments_as_objects`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pipeline.datasets.splits import Counter, split_column
+from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
 from pipeline.records import BOOL, FLOAT, INT, STR, columns, record_schema
 
 if TYPE_CHECKING:
@@ -53,6 +53,11 @@ ACTGUIDE_SCHEMA = record_schema(columns(
 PROBE_SUFFIX = "-probes"  # rescue.probe_batch stores the probes of batch B under batch B-probes
 KIND_ORDER = ("plan", "environment_feedback", "environment_interaction", "action")  # teacher.KINDS + action
 ORIGIN_ORDER = ("unguided", "guided", "probe")  # chosen candidates: on-policy successes first
+TASK = ["base_batch", "instance_id"]
+HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs"]
+USED = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
+        "guidance_actions", "guidance_k", "tools", "reward", "resolved", "infra_error", "quotes_guidance"] + HEAVY
+"""The trajectory columns the builders read."""
 
 
 def chat(messages: pl.Expr) -> pl.Expr:
@@ -79,28 +84,6 @@ def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def _sha256(texts: pl.Series) -> pl.Series:
-    """sha256 hex of each string, hashed from the Arrow buffer in place (no Python string per row)."""
-    array = texts.fill_null("").rechunk().to_arrow(compat_level=pl.CompatLevel.oldest()).cast(pa.large_string())
-    _, offsets, data = array.buffers()
-    offsets = np.frombuffer(offsets, dtype=np.int64)[array.offset:array.offset + len(array) + 1]
-    data = memoryview(data or b"")
-    return pl.Series([hashlib.sha256(data[a:b]).hexdigest() for a, b in zip(offsets[:-1], offsets[1:])],
-                     dtype=pl.String)
-
-
-def canonical(messages: pl.Expr) -> pl.Expr:
-    """Stored messages as one text: fields joined by \\x1f, messages by \\x1e (what the hashes cover)."""
-    m = pl.element().struct
-    return messages.list.eval(pl.concat_str(
-        [m.field("role"), m.field("content").fill_null(""), m.field("tool_calls").fill_null(""),
-         m.field("tool_call_id").fill_null("")], separator="\x1f")).list.join("\x1e").fill_null("")
-
-
-def digest(text: pl.Expr) -> pl.Expr:
-    return text.map_batches(_sha256, return_dtype=pl.String)
-
-
 def row_text(chat_messages: pl.Expr) -> pl.Expr:
     """Every string a chat-message list puts in a row: contents, tool names, tool arguments."""
     m, call = pl.element().struct, pl.element().struct.field("function").struct
@@ -108,6 +91,29 @@ def row_text(chat_messages: pl.Expr) -> pl.Expr:
                                                           separator="\x1f")).list.join("\x1e")
     return chat_messages.list.eval(pl.concat_str([m.field("content").fill_null(""), calls.fill_null("")],
                                                  separator="\x1f")).list.join("\x1e").fill_null("")
+
+
+def mentions(needles: pl.Series, *chats: pl.Series) -> pl.Series:
+    """Whether each row's needle (a non-empty text) is in the `row_text`s of its chat-message lists joined
+    by \\x1e. Searched field by field: a needle without \\x1e or \\x1f cannot straddle two fields."""
+    frame = pl.DataFrame({"needle": needles, **{f"m{i}": c for i, c in enumerate(chats)}})
+    if needles.str.contains("[\x1e\x1f]").any():
+        text = pl.concat_str([row_text(pl.col(f"m{i}")) for i in range(len(chats))], separator="\x1e")
+        return frame.select(text.str.contains(pl.col("needle"), literal=True)).to_series()
+    m, call = pl.col("m").struct, pl.col("call").struct.field("function").struct
+    hits = []
+    for i in range(len(chats)):
+        messages = frame.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("i"), "needle",
+                                m=f"m{i}").explode("m", keep_nulls=False)
+        calls = messages.select("i", "needle", call=m.field("tool_calls")).explode("call", keep_nulls=False)
+        whole = call.field("name").is_not_null() & call.field("arguments").is_not_null()  # else row_text skips it
+        hits += [messages.filter(_holds(m.field("content")))["i"],
+                 calls.filter(whole & (_holds(call.field("name")) | _holds(call.field("arguments"))))["i"]]
+    return pl.Series(range(frame.height), dtype=pl.UInt32).is_in(pl.concat(hits).implode())
+
+
+def _holds(text: pl.Expr) -> pl.Expr:
+    return text.fill_null("").str.contains(pl.col("needle"), literal=True)
 
 
 def normalized_patch(patch: pl.Expr) -> pl.Expr:
@@ -143,64 +149,69 @@ class GuidanceLeakError(AssertionError):
     """A stored unguided prompt holds its attempt's guidance text: a fault upstream, never a training row."""
 
 
-TASK = ["base_batch", "instance_id"]
-USED = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
-        "guidance_actions", "guidance_k", "prompt", "unguided_prompt", "messages", "tools", "logprobs", "patch",
-        "reward", "resolved", "infra_error", "quotes_guidance"]
-"""The trajectory columns the builders read."""
-
-
 def _drop(frame: pl.DataFrame, mask: pl.Expr, reason: str, dropped: dict[str, int]) -> pl.DataFrame:
     kept = frame.filter(~mask)
     dropped[reason] = dropped.get(reason, 0) + frame.height - kept.height
     return kept
 
 
+def _gathered(rows: pl.DataFrame, heavy: pl.DataFrame, **columns: tuple[str, str]) -> pl.DataFrame:
+    """`rows` with heavy columns taken at their row indexes: name=(heavy column, index column)."""
+    return rows.with_columns(**{name: heavy[column].gather(rows[index]) for name, (column, index) in columns.items()})
+
+
 def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: dict[str, str] | None = None
-            ) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Usable attempts with chat-form prompt and completion, hashes, token counts and gold-leak flag;
-    the rest counted by reason. `count` maps a stored-messages Series to token counts."""
+            ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
+    """(t, heavy, dropped): the usable attempts' light columns with token counts, gold-leak flag and
+    completion hashes (null for guided failures: no rule compares them), whose `row` indexes `heavy`
+    (chat-form completion and unguided prompt, stored prompt, log-probs); the rest counted by reason.
+    `count` maps a stored-messages Series to token counts."""
     dropped: dict[str, int] = {}
-    t = with_task_keys(frame.select(USED).unique("rollout_id", keep="last", maintain_order=True))
+    light = frame.select([c for c in USED if c not in HEAVY]).with_row_index("row")
+    t = with_task_keys(light.unique("rollout_id", keep="last", maintain_order=True))
     dropped["duplicate_rollout"] = frame.height - t.height
     t = _drop(t, pl.col("infra_error") != "", "infra_error", dropped)  # not an attempt: never a failure
     t = _drop(t, pl.col("quotes_guidance"), "quotes_guidance", dropped)
-    t = t.with_columns(completion_stored=pl.col("messages").list.slice(pl.col("prompt").list.len())).with_columns(
-        completion=chat(pl.col("completion_stored")), prompt_chat=chat(pl.col("unguided_prompt")),
-        guided_prompt_chat=chat(pl.col("prompt"))).drop("messages")
-    needle = pl.col("guidance_text")
-    leaked = t.filter((needle != "") & row_text(pl.col("prompt_chat")).str.contains(needle, literal=True))
+    stored = frame.select(HEAVY).with_columns(completion=pl.col("messages").list.slice(pl.col("prompt").list.len()))
+    t = t.with_columns(**{name: count(stored[source]).gather(t["row"]) for name, source in [
+        ("prompt_tokens", "unguided_prompt"), ("guided_prompt_tokens", "prompt"), ("completion_tokens", "completion")]})
+    heavy = stored.select(chat(pl.col("completion")), prompt_chat=chat(pl.col("unguided_prompt")), prompt="prompt",
+                          logprobs="logprobs")  # every row: cheaper than gathering the usable ones first
+    needled = t.filter(pl.col("guidance_text") != "")  # only guided rows have a text to look for
+    leaked = needled.filter(mentions(needled["guidance_text"], heavy["prompt_chat"].gather(needled["row"])))
     if leaked.height:
         row = leaked.row(0, named=True)
         raise GuidanceLeakError(f"trajectory {row['rollout_id']} ({row['instance_id']}, batch {row['batch']}): its "
                                 "unguided_prompt holds its guidance text; fix what stored it and rerun the batch")
-    echoes = (row_text(pl.col("completion")).str.contains(needle, literal=True)
-              | pl.col("tools").str.contains(needle, literal=True))
-    echoed = t.filter(needle != "").filter(echoes)["rollout_id"]  # only guided rows have a text to look for
-    t = _drop(t, pl.col("rollout_id").is_in(echoed.implode()), "echoes_guidance", dropped)
-    tokens = {name: pl.col(source).map_batches(count, return_dtype=pl.Int64) for name, source in
-              [("prompt_tokens", "unguided_prompt"), ("guided_prompt_tokens", "prompt"),
-               ("completion_tokens", "completion_stored")]}
-    t = t.with_columns(**tokens)
+    echoes = (mentions(needled["guidance_text"], heavy["completion"].gather(needled["row"]))
+              | needled.select(pl.col("tools").str.contains(pl.col("guidance_text"), literal=True)).to_series())
+    t = _drop(t, pl.col("row").is_in(needled["row"].filter(echoes).implode()), "echoes_guidance", dropped)
     too_long = ((pl.lit(config.max_prompt_tokens > 0) & (pl.col("prompt_tokens") > config.max_prompt_tokens))
                 | (pl.lit(config.max_completion_tokens > 0)
                    & (pl.col("completion_tokens") > config.max_completion_tokens)))
     t = _drop(t, too_long, "too_long", dropped)
+    prompts = stored.select(canonical(pl.col("unguided_prompt"))).to_series().gather(t["row"])
+    t = t.with_columns(gold_leak=_gold_leaks(t, heavy, gold),
+                       prompt_key=digest(pl.lit(prompts) + "\x1d" + pl.col("tools")))
+    paired = t.filter((pl.col("reward") > 0) | (pl.col("origin") == "unguided"))["row"]  # what candidates pick from
+    first = stored.select(pl.when(pl.int_range(pl.len(), dtype=pl.UInt32).is_in(paired.implode()))
+                          .then(pl.col("prompt").list.len())).to_series()
+    hashes = content_hashes(stored["messages"], first)
+    return t.with_columns(completion_hash=hashes.gather(t["row"])), heavy, dropped
+
+
+def _gold_leaks(t: pl.DataFrame, heavy: pl.DataFrame, gold: dict[str, str] | None) -> pl.Series:
+    """Successes whose text hands over the gold diff itself: in the task prompt, or written out by the
+    assistant. A correct fix often IS the gold patch (a one-line bug has one fix): that is no leak."""
     golds = pl.DataFrame({"instance_id": list(gold or {}), "gold": list((gold or {}).values())},
                          schema={"instance_id": pl.String, "gold": pl.String})
-    t = t.join(golds.with_columns(gold=normalized_patch(pl.col("gold"))), on="instance_id", how="left",
-               maintain_order="left")
-    # A correct fix often IS the gold patch (a one-line bug has one fix): that is kept. What is left out is a
-    # row whose text hands over the gold diff itself: in the task prompt, or written out by the assistant.
-    hunks = pl.col("gold").fill_null("").str.extract(r"(?s)(@@ .*)", 1).fill_null("")
-    shown = (row_text(pl.col("prompt_chat")) + "\x1e"
-             + row_text(pl.col("completion").list.filter(pl.element().struct.field("role") == "assistant")))
-    t = t.with_columns(
-        gold_leak=hunks.ne("") & shown.str.contains(hunks, literal=True),
-        completion_hash=digest(canonical(pl.col("completion_stored"))),
-        prompt_key=digest(canonical(pl.col("unguided_prompt")) + "\x1d" + pl.col("tools")),
-    ).drop("completion_stored", "gold", "patch", "prompt", "unguided_prompt")  # the chat forms are kept
-    return t, dropped
+    hunks = golds.select("instance_id", hunks=normalized_patch(pl.col("gold")).str.extract(r"(?s)(@@ .*)", 1))
+    shown = (t.filter(pl.col("reward") > 0).select("row", "instance_id")
+             .join(hunks.filter(pl.col("hunks") != ""), on="instance_id", maintain_order="left"))
+    said = heavy.select(pl.col("completion").gather(shown["row"]).list.filter(
+        pl.element().struct.field("role") == "assistant")).to_series()
+    leaks = mentions(shown["hunks"], heavy["prompt_chat"].gather(shown["row"]), said)
+    return t["row"].is_in(shown["row"].filter(leaks).implode())
 
 
 def _ranked(pool: pl.DataFrame) -> pl.DataFrame:
@@ -244,47 +255,44 @@ def _unseen(rows: pl.DataFrame, seen: pl.DataFrame | None, on: list[str], droppe
     return kept
 
 
-def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, config: "DatasetConfig",
+def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
              seen: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
     """DPO_SCHEMA rows: up to `pairs_per_task` (chosen, rejected) pairs per task and batch, in
     `order_pairs` order; never identical completions, pairs across prompts, or keys in `seen`."""
     dropped: dict[str, int] = {}
-    c = chosen.select(TASK + [pl.col("rank").alias("ci"), pl.col("n").alias("n_chosen"),
-                              pl.col("rollout_id").alias("chosen_rollout_id"),
-                              pl.col("completion_hash").alias("chosen_hash"), pl.col("prompt_key").alias("c_key")])
+    c = chosen.select(TASK + ["tools", "source", "prompt_tokens", pl.col("rank").alias("ci"),
+                              pl.col("n").alias("n_chosen"), pl.col("rollout_id").alias("chosen_rollout_id"),
+                              pl.col("completion_hash").alias("chosen_hash"), pl.col("prompt_key").alias("c_key"),
+                              pl.col("completion_tokens").alias("chosen_tokens"), pl.col("row").alias("c_row")])
     r = rejected.select(TASK + [pl.col("rank").alias("rj"), pl.col("n").alias("n_rejected"),
                                 pl.col("rollout_id").alias("rejected_rollout_id"),
-                                pl.col("completion_hash").alias("rejected_hash"), pl.col("prompt_key").alias("r_key")])
+                                pl.col("completion_hash").alias("rejected_hash"), pl.col("prompt_key").alias("r_key"),
+                                pl.col("completion_tokens").alias("rejected_tokens"), pl.col("row").alias("r_row")])
     pairs = c.join(r, on=TASK, how="inner").with_columns(order=order_pairs())
     pairs = _drop(pairs, pl.col("chosen_hash") == pl.col("rejected_hash"), "identical_pair", dropped)
     pairs = _drop(pairs, pl.col("c_key") != pl.col("r_key"), "prompt_mismatch", dropped)
     pairs = _unseen(pairs, seen, ["instance_id", "chosen_hash", "rejected_hash"], dropped, "seen_before")
     pairs = pairs.sort(TASK + ["order"]).with_columns(slot=pl.int_range(pl.len()).over(TASK))
     pairs = _drop(pairs, pl.col("slot") >= config.pairs_per_task, "over_pairs_per_task", dropped)
-    heavy_c = chosen.select(pl.col("rollout_id").alias("chosen_rollout_id"), "prompt_chat", "tools", "source",
-                            "prompt_tokens", pl.col("completion").alias("chosen"),
-                            pl.col("completion_tokens").alias("chosen_tokens"))
-    heavy_r = rejected.select(pl.col("rollout_id").alias("rejected_rollout_id"), pl.col("completion").alias("rejected"),
-                              pl.col("completion_tokens").alias("rejected_tokens"))
-    rows = (pairs.join(heavy_c, on="chosen_rollout_id", maintain_order="left")
-            .join(heavy_r, on="rejected_rollout_id", maintain_order="left"))
+    rows = _gathered(pairs, heavy, prompt=("prompt_chat", "c_row"), chosen=("completion", "c_row"),
+                     rejected=("completion", "r_row"))
     return rows.select(
-        pl.col("prompt_chat").alias("prompt"), "chosen", "rejected", "tools", "instance_id",
+        "prompt", "chosen", "rejected", "tools", "instance_id",
         split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
         pl.col("source").alias("chosen_source"), "chosen_rollout_id", "rejected_rollout_id", "prompt_tokens",
         "chosen_tokens", "rejected_tokens", "chosen_hash", "rejected_hash"), dropped
 
 
-def sft_rows(chosen: pl.DataFrame, config: "DatasetConfig", seen: pl.DataFrame | None = None
+def sft_rows(chosen: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig", seen: pl.DataFrame | None = None
              ) -> tuple[pl.DataFrame, dict[str, int]]:
     """SFT_SCHEMA rows: every chosen candidate as unguided prompt + completion, in candidate order."""
     dropped: dict[str, int] = {}
     rows = _unseen(chosen, seen, ["instance_id", "completion_hash"], dropped, "seen_before")
+    rows = _gathered(rows, heavy, prompt_chat=("prompt_chat", "row"), completion=("completion", "row"))
     return rows.select(
         pl.concat_list("prompt_chat", "completion").alias("messages"), "tools", "instance_id",
         split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
-        "source", "rollout_id",
-        "reward", "prompt_tokens", "completion_tokens", "completion_hash"), dropped
+        "source", "rollout_id", "reward", "prompt_tokens", "completion_tokens", "completion_hash"), dropped
 
 
 def _actions_json(actions: pl.Series) -> pl.Series:
@@ -293,7 +301,8 @@ def _actions_json(actions: pl.Series) -> pl.Series:
                       for row in actions.to_list()], dtype=pl.String)
 
 
-def actguide_rows(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFrame, dict[str, int]]:
+def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
+                  ) -> tuple[pl.DataFrame, dict[str, int]]:
     """ACTGUIDE_SCHEMA rows: one per action-guided group (probes excluded: their hints have other k),
     holding the task's unguided attempts and the group's guided attempts."""
     dropped: dict[str, int] = {}
@@ -302,19 +311,21 @@ def actguide_rows(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFram
                                                                                  maintain_order=True)
     heads = _drop(heads, pl.lit(config.max_prompt_tokens > 0)
                   & (pl.col("guided_prompt_tokens") > config.max_prompt_tokens), "too_long", dropped)
-    member = ["rollout_id", "sample_index", "reward", "resolved", "completion", "completion_tokens", "logprobs"]
+    member = ["rollout_id", "sample_index", "reward", "resolved", "row", "completion_tokens"]
     unguided = (t.filter(pl.col("origin") == "unguided").drop("group_id")  # members take the guided group's id
                 .join(heads.select(TASK + ["group_id"]), on=TASK, maintain_order="left")
                 .select(["group_id"] + member).with_columns(sampled_under=pl.lit("unguided"), order=0))
     members = pl.concat([unguided, guided.select(["group_id"] + member).with_columns(
         sampled_under=pl.lit("guided"), order=1)], how="vertical_relaxed")
-    members = (members.sort("group_id", "order", "sample_index", "rollout_id")
-               .group_by("group_id", maintain_order=True)
-               .agg(trajectories=pl.struct("rollout_id", "sampled_under", "sample_index", "reward", "resolved",
-                                           "completion", "completion_tokens", "logprobs")))
-    rows = heads.join(members, on="group_id", maintain_order="left").sort(TASK + ["group_id"])
+    members = _gathered(members.sort("group_id", "order", "sample_index", "rollout_id"), heavy,
+                        completion=("completion", "row"), logprobs=("logprobs", "row"))
+    members = members.group_by("group_id", maintain_order=True).agg(trajectories=pl.struct(
+        "rollout_id", "sampled_under", "sample_index", "reward", "resolved", "completion", "completion_tokens",
+        "logprobs"))
+    rows = heads.sort(TASK + ["group_id"]).join(members, on="group_id", maintain_order="left")
+    rows = _gathered(rows, heavy, guided_prompt=("prompt", "row"), prompt=("prompt_chat", "row"))
     return rows.select(
-        pl.col("prompt_chat").alias("prompt"), pl.col("guided_prompt_chat").alias("guided_prompt"), "tools",
+        "prompt", chat(pl.col("guided_prompt")).alias("guided_prompt"), "tools",
         pl.col("guidance_actions").map_batches(_actions_json, return_dtype=pl.String).alias("actions"),
         pl.col("guidance_actions").list.len().cast(pl.Int64).alias("K"), pl.col("guidance_k").alias("k_star"),
         "trajectories", "instance_id", split_column("instance_id", config.test_fraction).alias("split"),

@@ -1,9 +1,10 @@
-"""Which split a task is in, and how many tokens a list of messages counts.
+"""Which split a task is in, how many tokens a list of messages counts, and what a completion's hash is.
 
 A task's split depends on its instance id alone (sha256, never Python's salted `hash()`), so it
 never moves between rebuilds, batches or machines, and every row of a task lands in one split.
 Token counts decide which rows fit the length limits: with a tokenizer they count its tokens of
-each message's text; without one, a deterministic character heuristic that says so.
+each message's text; without one, a deterministic character heuristic that says so. A content
+hash (sha256 of `canonical` text) is what tells two completions apart, in a batch and across them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 SPLIT_SALT = "handhold-split:"  # changing it moves every task: never change it
 HEURISTIC = "heuristic: ceil(characters / 4) + 4 per message (no tokenizer set)"
@@ -32,6 +35,63 @@ def split_column(instance_ids: pl.Expr | str, test_fraction: float) -> pl.Expr:
 def _splits(ids: pl.Series, test_fraction: float) -> pl.Series:
     unique = ids.unique().to_list()
     return ids.replace_strict(unique, [task_split(i, test_fraction) for i in unique], return_dtype=pl.String)
+
+
+def canonical(messages: pl.Expr) -> pl.Expr:
+    """Stored messages as one text: fields joined by \\x1f, messages by \\x1e (what the hashes cover)."""
+    m = pl.element().struct
+    return messages.list.eval(pl.concat_str(
+        [m.field("role"), m.field("content").fill_null(""), m.field("tool_calls").fill_null(""),
+         m.field("tool_call_id").fill_null("")], separator="\x1f")).list.join("\x1e").fill_null("")
+
+
+def _sha256(texts: pl.Series) -> pl.Series:
+    """sha256 hex of each string, hashed from the Arrow buffer in place (no Python string per row)."""
+    offsets, data = _buffers(texts.fill_null(""))
+    return pl.Series([hashlib.sha256(data[a:b]).hexdigest() for a, b in zip(offsets[:-1], offsets[1:])],
+                     dtype=pl.String)
+
+
+def _buffers(texts: pl.Series) -> tuple[np.ndarray, memoryview]:
+    """(offsets, data): the strings as one Arrow buffer and where each starts and ends in it."""
+    array = texts.rechunk().to_arrow(compat_level=pl.CompatLevel.oldest()).cast(pa.large_string())
+    _, offsets, data = array.buffers()
+    return np.frombuffer(offsets, dtype=np.int64)[array.offset:array.offset + len(array) + 1], memoryview(data or b"")
+
+
+def digest(text: pl.Expr) -> pl.Expr:
+    return text.map_batches(_sha256, return_dtype=pl.String)
+
+
+def content_hashes(messages: pl.Series, first: pl.Series, rows_at_once: int = 1000) -> pl.Series:
+    """sha256 hex of `canonical(messages[first:])` per row, null where `first` is null (rows no rule compares).
+
+    Every hashed message is written once into one buffer, each ended by \\x1e: a row's canonical text
+    is then one slice of it (less its last \\x1e), hashed in place. A few rows at a time keep that
+    buffer small enough for the allocator to reuse (a large one costs fresh pages every time)."""
+    parts = [_content_hashes(messages[a:a + rows_at_once], first[a:a + rows_at_once])
+             for a in range(0, len(messages), rows_at_once)]
+    return pl.concat(parts) if parts else pl.Series([], dtype=pl.String)
+
+
+def _content_hashes(messages: pl.Series, first: pl.Series) -> pl.Series:
+    lengths = messages.list.len().fill_null(0).cast(pl.Int64).to_numpy()
+    wanted = first.is_not_null().to_numpy()
+    skip = np.minimum(first.fill_null(0).cast(pl.Int64).to_numpy(), lengths)
+    counts = np.where(wanted, lengths - skip, 0)  # messages hashed per row
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    position = np.arange(len(row_of)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    keep = wanted[row_of] & (position >= skip[row_of])
+    m = pl.col("m").struct
+    text = (messages.explode(empty_as_null=False, keep_nulls=False).rename("m").to_frame().filter(pl.Series(keep))
+            .select(pl.concat_str([m.field("role"), pl.lit("\x1f"), m.field("content").fill_null(""), pl.lit("\x1f"),
+                                   m.field("tool_calls").fill_null(""), pl.lit("\x1f"),
+                                   m.field("tool_call_id").fill_null(""), pl.lit("\x1e")])).to_series())
+    offsets, data = _buffers(text)
+    bounds = offsets[np.concatenate([[0], np.cumsum(counts)])].tolist()
+    hashes = iter([hashlib.sha256(data[a:max(b - 1, a)]).hexdigest()  # less the last \x1e; no message: ''
+                   for a, b, w in zip(bounds[:-1], bounds[1:], wanted) if w])
+    return pl.Series([next(hashes) if w else None for w in wanted], dtype=pl.String)
 
 
 Counter = Callable[[pl.Series], pl.Series]
