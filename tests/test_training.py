@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import dagster as dg
+import polars as pl
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -206,3 +207,28 @@ def test_pass_at_1_interval_and_held_out_tasks():
     held = held_out_tasks(tasks, 0.1)
     assert 8 <= len(held) <= 35 and held_out_tasks(tasks, 0.1, limit=3) == held[:3]
     assert held_out_tasks(tasks, 0.0) == []
+
+
+def test_a_served_checkpoint_is_evaluated_through_its_endpoint_and_the_sandboxes(toolz_task, tmp_path):
+    """`training.evaluation.base_url` set (vLLM): the model is asked for under its label, the attempt runs in
+    a Docker sandbox and is graded like any rollout."""
+    from assets.resources import Credentials
+    from assets.training import evaluation_policy
+    from pipeline.evaluation import evaluate, evaluation_rollouts
+    from pipeline.rollouts import RolloutConfig
+    from tests.loopback import OpenAIServer, Reply, ToolCall
+    from training.config import EvaluationConfig
+
+    server = OpenAIServer([Reply(tool_calls=(ToolCall("bash", {"command": "ls"}),)),
+                           Reply(tool_calls=(ToolCall("submit", {}),))])
+    with server as base_url:
+        config = EvaluationConfig(base_url=base_url, max_steps=4, temperature=0.0)
+        policy = evaluation_policy("dpo", "/unused/when/served", config, Credentials(policy_api_key="k"))
+        result = evaluate("dpo", policy, [toolz_task], evaluation_rollouts(RolloutConfig(), config),
+                          tmp_path / "eval", "b1", progress=lambda _: None)
+    assert [r["model"] for r in server.requests] == ["dpo", "dpo"] and not server.errors
+    assert (result["tasks"], result["attempts"], result["graded"], result["resolved"]) == (1, 1, 1, 0)
+    assert result["pass@1"] == 0.0 and result["ci95_high"] == pytest.approx(0.7935, abs=1e-4)
+    stored = pl.read_parquet(result["path"])
+    assert stored["policy"].to_list() == ["openai:dpo"] and stored["exit_status"].to_list() == ["submitted"]
+    assert stored["grade_reason"][0] != "" and stored["guidance_kind"].to_list() == ["none"]
