@@ -34,8 +34,8 @@ def rollout_checks(asset: str, path: Path, batch: str, trajectories: list[Trajec
     """The results of ROLLOUT_CHECKS for one stored batch; `invariants` is `batch_invariants`' output."""
     try:
         read_records(path, TRAJECTORY_SCHEMA, produced_by=asset, batch=batch)
-        schema = dg.AssetCheckResult(check_name="trajectory_schema", passed=True,
-                                     metadata={"schema_version": TRAJECTORY_SCHEMA.metadata[b"schema_version"].decode()})
+        version = TRAJECTORY_SCHEMA.metadata[b"schema_version"].decode()
+        schema = dg.AssetCheckResult(check_name="trajectory_schema", passed=True, metadata={"schema_version": version})
     except (RecordContractError, OSError) as error:
         schema = dg.AssetCheckResult(check_name="trajectory_schema", passed=False, metadata={"error": str(error)})
     infra = sum(bool(t.infra_error) for t in trajectories)

@@ -67,7 +67,8 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
         **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None},
         "checkpoint": dg.MetadataValue.path(str(out / "checkpoint")), "starting_model": model,
         "launcher": config.launcher, "metrics": dg.MetadataValue.path(str(out / "metrics.jsonl")),
-        "last_steps": dg.MetadataValue.md("\n".join(table)), "loss_curve": dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "loss"))})
+        "last_steps": dg.MetadataValue.md("\n".join(table)),
+        "loss_curve": dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "loss"))})
 
 
 @dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])

@@ -146,23 +146,7 @@ class Page:
 
 
 @pytest.fixture(scope="module")
-def docker_base_image():
-    """The image SMALL_ASSET makes; fails (never skips) without a Docker engine."""
-    import docker
-
-    from sandbox.images import ensure_base_image
-
-    try:
-        client = docker.from_env(timeout=300)
-        client.ping()
-    except Exception as exc:
-        pytest.fail(f"the UI test materializes {SMALL_ASSET}, which needs a Docker engine, and none answers "
-                    f"({exc}). `make docker` starts one (Debian, as root), or start Docker yourself.")
-    return ensure_base_image(client=client)
-
-
-@pytest.fixture(scope="module")
-def dagster_ui(tmp_path_factory, docker_base_image):
+def dagster_ui(tmp_path_factory, base_image):  # base_image: what SMALL_ASSET makes (tests/conftest.py)
     """`dagster dev` (as `make dev` starts it: the code location from pyproject.toml) on a free port, with a
     fresh DAGSTER_HOME; its base URL."""
     tmp = tmp_path_factory.mktemp("dagster-ui")
