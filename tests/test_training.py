@@ -164,7 +164,7 @@ def test_step_zero_ratio_is_one_unguided_and_the_guided_denominator_is_the_guide
 
 
 def test_actguide_loss_falls_on_a_repeated_batch(folder, tiny, tmp_path):
-    config = ActGuideTrainingConfig(learning_rate=2e-3, batch_size=16, max_steps=5, kl_weight=0.0)
+    config = ActGuideTrainingConfig(learning_rate=3e-4, batch_size=16, max_steps=5, kl_weight=0.0)
     result = train_actguide(config, tiny, folder, tmp_path / "run")
     summary, metrics = read_run(result.run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5] and summary["trajectories"] == 6
