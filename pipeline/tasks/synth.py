@@ -11,10 +11,8 @@ task carries a difficulty record in its provenance, summarised in the report.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import shlex
 import logging
 import threading
 import time
@@ -24,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
-from swebench.harness.log_parsers import PARSER_REGISTRY
 
 from pipeline.agent.policy import Policy
 from pipeline.grading import GRADER_VERSION
@@ -32,18 +29,32 @@ from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks import combine as combined
 from pipeline.tasks.difficulty import difficulty, summary, task_difficulty
-from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
-from pipeline.tasks.packages import DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, \
-    build_environment_image, fetch_source, package_specs, resolve, test_command
 from pipeline.tasks.issue_writer import written_statement
+from pipeline.tasks.mutations import (
+    BugCandidate,
+    bug_patch,
+    collect_candidates,
+    gold_patch,
+)
+from pipeline.tasks.packages import (
+    DEFAULT_PACKAGES,
+    WORKDIR,
+    PackageError,
+    PackageSpec,
+    build_environment_image,
+    fetch_source,
+    package_specs,
+    resolve,
+    test_command,
+)
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
+from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, run_suite, runnable
 from pipeline.tasks.validate import FLAKY, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
 
-LOG_PARSER = "parse_log_pytest"
 _COUNT_LOCK = threading.Lock()  # candidate workers count from several threads
 
 
@@ -123,81 +134,6 @@ class SynthReport:
                 "difficulty": {"all": summary([r for _, _, r in self.difficulty]),
                                "per_package": {k: summary(v) for k, v in by_package.items()},
                                "per_kind": {k: summary(v) for k, v in sorted(by_kind.items())}}}
-
-
-@dataclass(frozen=True)
-class Baseline:
-    passed: frozenset[str]
-    """Tests that passed on every pristine run."""
-    total: int
-    seconds: float
-    flaky: frozenset[str] = frozenset()
-    """Tests that passed on some pristine runs and not others."""
-
-
-def run_suite(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
-    """Status per test, the log and whether it timed out (output read from a file: never capped)."""
-    log_file = f"{sandbox.scratch}/suite.log"
-    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} > {log_file} 2>&1",
-                         timeout=timeout)
-    text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
-    return PARSER_REGISTRY[LOG_PARSER](text, None), text, result.timed_out
-
-
-def reproduce(sandbox: DockerSandbox, spec: PackageSpec) -> str:
-    """The command that reruns this package's suite by hand."""
-    return f"docker run --rm {getattr(sandbox, 'image', '<image>')} bash -c {shlex.quote(test_command(spec))}"
-
-
-def baseline(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> Baseline:
-    """Tests that pass in every one of `baseline_runs` clean runs; raises PackageError if the suite is unusable."""
-    start = time.monotonic()
-    first, text, timed_out = run_suite(sandbox, spec, config.suite_timeout)
-    if timed_out:
-        raise PackageError(f"{spec.key}: the test suite took over {config.suite_timeout:.0f} s (raise "
-                           f"suite_timeout, or set test_paths to a part of it); reproduce: {reproduce(sandbox, spec)}",
-                           "baseline")
-    runs = [first] + [run_suite(sandbox, spec, config.suite_timeout)[0] for _ in range(config.baseline_runs - 1)]
-    ever = {t for run in runs for t, s in run.items() if s == "PASSED"}
-    passed = frozenset(t for t in ever if all(run.get(t) == "PASSED" for run in runs))
-    ran = [t for t, s in first.items() if s != "SKIPPED"]
-    if not ran or len(passed) / len(ran) < config.min_pass_rate:
-        errors = [line for line in text.splitlines() if line.startswith("E  ")][:3]
-        raise PackageError(f"{spec.key}: only {len(passed)} of {len(ran)} tests pass on every one of "
-                           f"{len(runs)} runs before any bug (need {config.min_pass_rate:.0%}); fix the test "
-                           f"requirements or test_paths in the package entry (or lower min_pass_rate); "
-                           f"reproduce: {reproduce(sandbox, spec)}; first errors: {' | '.join(errors) or '-'}; "
-                           f"log tail: {text[-600:]}", "baseline")
-    return Baseline(passed, len(first), (time.monotonic() - start) / len(runs), frozenset(ever - passed))
-
-
-def runnable(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> PackageSpec:
-    """The spec as its tests run reliably: `--import-mode=importlib` when they collect with fewer errors that
-    way (test folders without __init__.py holding same-named modules), and a fixed PYTHONHASHSEED when two
-    collections name the tests differently (parametrized over a set: ids that no task could name twice)."""
-    if spec.test_command:
-        return spec
-    ids, errors = _collect(sandbox, spec, config.suite_timeout)
-    if errors and "--import-mode" not in " ".join(spec.pytest_args or ()):
-        other = dataclasses.replace(spec, pytest_args=(*(spec.pytest_args or ()), "--import-mode=importlib"))
-        other_ids, other_errors = _collect(sandbox, other, config.suite_timeout)
-        if other_errors < errors:
-            log.info("%s: tests collect with %d errors, %d with --import-mode=importlib", spec.key, errors,
-                     other_errors)
-            spec, ids = other, other_ids
-    if _collect(sandbox, spec, config.suite_timeout)[0] != ids:
-        log.info("%s: test ids change from run to run: PYTHONHASHSEED=0", spec.key)
-        spec = dataclasses.replace(spec, test_command=f"PYTHONHASHSEED=0 {test_command(spec)}")
-    return spec
-
-
-def _collect(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
-    """(test ids, collection errors) of one `--collect-only` run."""
-    log_file = f"{sandbox.scratch}/collect.log"
-    sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} --collect-only -q "
-                f"> {log_file} 2>&1", timeout=timeout)
-    lines = sandbox.read_file(log_file).decode("utf-8", errors="replace").splitlines()
-    return {line for line in lines if "::" in line}, sum(line.startswith("ERROR ") for line in lines)
 
 
 def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,

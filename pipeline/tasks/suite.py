@@ -1,0 +1,98 @@
+"""A package's own test suite before any bug: run and parsed, its reliably passing tests (the baseline),
+and the spec under which its tests collect the same way every run."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from swebench.harness.log_parsers import PARSER_REGISTRY
+
+from pipeline.tasks.packages import PackageError, PackageSpec, test_command
+from sandbox.docker_sandbox import DockerSandbox
+
+if TYPE_CHECKING:
+    from pipeline.tasks.synth import SynthConfig
+
+log = logging.getLogger(__name__)
+
+LOG_PARSER = "parse_log_pytest"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    passed: frozenset[str]
+    """Tests that passed on every pristine run."""
+    total: int
+    seconds: float
+    flaky: frozenset[str] = frozenset()
+    """Tests that passed on some pristine runs and not others."""
+
+
+def run_suite(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
+    """Status per test, the log and whether it timed out (output read from a file: never capped)."""
+    log_file = f"{sandbox.scratch}/suite.log"
+    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} > {log_file} 2>&1",
+                         timeout=timeout)
+    text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
+    return PARSER_REGISTRY[LOG_PARSER](text, None), text, result.timed_out
+
+
+def reproduce(sandbox: DockerSandbox, spec: PackageSpec) -> str:
+    """The command that reruns this package's suite by hand."""
+    return f"docker run --rm {getattr(sandbox, 'image', '<image>')} bash -c {shlex.quote(test_command(spec))}"
+
+
+def baseline(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> Baseline:
+    """Tests that pass in every one of `baseline_runs` clean runs; raises PackageError if the suite is unusable."""
+    start = time.monotonic()
+    first, text, timed_out = run_suite(sandbox, spec, config.suite_timeout)
+    if timed_out:
+        raise PackageError(f"{spec.key}: the test suite took over {config.suite_timeout:.0f} s (raise "
+                           f"suite_timeout, or set test_paths to a part of it); reproduce: {reproduce(sandbox, spec)}",
+                           "baseline")
+    runs = [first] + [run_suite(sandbox, spec, config.suite_timeout)[0] for _ in range(config.baseline_runs - 1)]
+    ever = {t for run in runs for t, s in run.items() if s == "PASSED"}
+    passed = frozenset(t for t in ever if all(run.get(t) == "PASSED" for run in runs))
+    ran = [t for t, s in first.items() if s != "SKIPPED"]
+    if not ran or len(passed) / len(ran) < config.min_pass_rate:
+        errors = [line for line in text.splitlines() if line.startswith("E  ")][:3]
+        raise PackageError(f"{spec.key}: only {len(passed)} of {len(ran)} tests pass on every one of "
+                           f"{len(runs)} runs before any bug (need {config.min_pass_rate:.0%}); fix the test "
+                           f"requirements or test_paths in the package entry (or lower min_pass_rate); "
+                           f"reproduce: {reproduce(sandbox, spec)}; first errors: {' | '.join(errors) or '-'}; "
+                           f"log tail: {text[-600:]}", "baseline")
+    return Baseline(passed, len(first), (time.monotonic() - start) / len(runs), frozenset(ever - passed))
+
+
+def runnable(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> PackageSpec:
+    """The spec as its tests run reliably: `--import-mode=importlib` when they collect with fewer errors that
+    way (test folders without __init__.py holding same-named modules), and a fixed PYTHONHASHSEED when two
+    collections name the tests differently (parametrized over a set: ids that no task could name twice)."""
+    if spec.test_command:
+        return spec
+    ids, errors = _collect(sandbox, spec, config.suite_timeout)
+    if errors and "--import-mode" not in " ".join(spec.pytest_args or ()):
+        other = dataclasses.replace(spec, pytest_args=(*(spec.pytest_args or ()), "--import-mode=importlib"))
+        other_ids, other_errors = _collect(sandbox, other, config.suite_timeout)
+        if other_errors < errors:
+            log.info("%s: tests collect with %d errors, %d with --import-mode=importlib", spec.key, errors,
+                     other_errors)
+            spec, ids = other, other_ids
+    if _collect(sandbox, spec, config.suite_timeout)[0] != ids:
+        log.info("%s: test ids change from run to run: PYTHONHASHSEED=0", spec.key)
+        spec = dataclasses.replace(spec, test_command=f"PYTHONHASHSEED=0 {test_command(spec)}")
+    return spec
+
+
+def _collect(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
+    """(test ids, collection errors) of one `--collect-only` run."""
+    log_file = f"{sandbox.scratch}/collect.log"
+    sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} --collect-only -q "
+                f"> {log_file} 2>&1", timeout=timeout)
+    lines = sandbox.read_file(log_file).decode("utf-8", errors="replace").splitlines()
+    return {line for line in lines if "::" in line}, sum(line.startswith("ERROR ") for line in lines)
