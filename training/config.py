@@ -127,13 +127,40 @@ class TrainingConfig:
 
     model: str = ""
     """Starting policy (a local directory or Hub name); '': the tiny offline model, built under data_dir/models."""
-    launcher: Literal["in_process", "pipes"] = "in_process"
-    """in_process: train inside the asset's process; pipes: launch `launch_command` as a Dagster Pipes subprocess."""
+    launcher: Literal["in_process", "pipes", "k8s"] = "in_process"
+    """in_process: train inside the asset's process; pipes: launch `launch_command` as a Dagster Pipes subprocess;
+    k8s: run it in a Kubernetes pod through Dagster Pipes (PipesK8sClient)."""
     launch_command: str = "python -m accelerate.commands.launch --num_processes 1 -m"
-    """Command a pipes launch runs, followed by `training.run <stage>`; 'python' is this interpreter."""
+    """Command a pipes or k8s launch runs, followed by `training.run <stage>`; 'python' is this interpreter
+    (pipes) or the image's (k8s)."""
+    k8s_image: str = ""
+    """k8s: the pod's image, holding the project and a CUDA build of torch (required with launcher k8s)."""
+    k8s_namespace: str = ""
+    """k8s: namespace of the pod; '': the kubeconfig context's, or the step's own when it runs in a pod."""
+    k8s_gpus: int = 1
+    """k8s: GPUs the pod requests (limits nvidia.com/gpu); 0: none requested."""
+    k8s_data_claim: str = ""
+    """k8s: PersistentVolumeClaim holding data_dir, mounted in the pod where the step sees data_dir; '': no
+    volume (the cluster's nodes already share data_dir at that path)."""
+    k8s_kubeconfig: str = ""
+    """k8s: kubeconfig file of the cluster; '': in-cluster config when the step runs in a pod, else the default
+    kubeconfig (~/.kube/config or $KUBECONFIG)."""
+    k8s_context: str = ""
+    """k8s: kubeconfig context to use; '': its current context."""
+    k8s_poll_seconds: float = 10.0
+    """k8s: seconds between the client's reads of the pod's state while it starts and runs."""
     dpo: DPOTrainingConfig = field(default_factory=DPOTrainingConfig)
     """Offline DPO."""
     actguide: ActGuideTrainingConfig = field(default_factory=ActGuideTrainingConfig)
     """ActGuide mixed-policy stage."""
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     """Unguided evaluation of the trained policy."""
+
+    def __post_init__(self) -> None:
+        if self.launcher == "k8s" and not self.k8s_image.strip():
+            raise ValueError("training.launcher is k8s but training.k8s_image is empty; set training.k8s_image to "
+                             "an image holding the project and a CUDA torch, e.g. registry.example.com/handhold:cuda")
+        if self.k8s_gpus < 0:
+            raise ValueError(f"training.k8s_gpus is {self.k8s_gpus}; it must be 0 (no GPU) or more")
+        if self.k8s_poll_seconds <= 0:
+            raise ValueError(f"training.k8s_poll_seconds is {self.k8s_poll_seconds}; it must be above 0")

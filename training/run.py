@@ -1,6 +1,6 @@
 """Run one training stage in its own process under Dagster Pipes: `python -m training.run dpo|actguide`.
 
-The asset launches it (`training.launcher: pipes`), directly or through `accelerate launch ... -m
+The asset launches it (`training.launcher: pipes`, or `k8s` in a pod), directly or through `accelerate launch ... -m
 training.run <stage>`, with the stage's settings, the starting model, the dataset folder and the run
 folder. Every logged step goes to the asset's logs; the run's summary comes back
 as the asset's materialization metadata. Under several processes only rank 0 talks to Dagster. The
