@@ -49,6 +49,7 @@ from pipeline.tasks.packages import (
 )
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
+from pipeline.tasks.strength import tests_ignore_result
 from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, run_suite, runnable
 from pipeline.tasks.validate import FLAKY, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
@@ -92,6 +93,9 @@ class SynthConfig:
     """Most functions per package the teacher is asked to rewrite (each one request) when `rewrite` is on."""
     combine: int = 0
     """Most combined tasks per package: 2-3 kept bugs of one module (disjoint lines) merged, FAIL_TO_PASS their union; 0: none."""
+    reject_weak_tests: bool = True
+    """Drop a bug whose FAIL_TO_PASS tests all still pass with its function reduced to `return None`: they do not
+    check its result, so a fix that skips the function would be paid (`pipeline/tasks/strength.py`)."""
 
     def __post_init__(self):
         package_specs(self.packages)  # a malformed entry fails here, naming itself
@@ -104,7 +108,8 @@ class SynthConfig:
 @dataclass
 class SynthReport:
     """What every stage did, per package and per mutation kind: generated, compiled, tested,
-    broke_tests, stable (same failures twice), kept (checked by the verifier)."""
+    broke_tests, weak_tests (its tests ignore the function's result), stable (same failures every run), kept
+    (checked by the verifier)."""
 
     per_package: dict[str, Counter] = field(default_factory=dict)
     per_kind: dict[str, Counter] = field(default_factory=dict)
@@ -161,6 +166,10 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
             if sorted(t for t in base.passed if again.get(t, "FAILED") != "PASSED") != f2p:
                 report.count(spec.key, cand.kind, "flaky_with_bug")
                 return None
+        if config.reject_weak_tests and expect is None and tests_ignore_result(  # a combined bug's parts were probed
+                sandbox, spec, cand.file, cand.original_source, cand.function, f2p, limit):
+            report.count(spec.key, cand.kind, "weak_tests")
+            return None
         report.count(spec.key, cand.kind, "stable")
         return f2p, text
     finally:
@@ -291,6 +300,8 @@ def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path,
         more += ("rewrite", config.rewrites_per_package, rewriter.name if rewriter else "none")
     if config.combine:
         more += ("combine", config.combine)
+    if config.reject_weak_tests:
+        more += ("reject_weak_tests",)
     key = repr((image, spec, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
                 config.max_per_function, config.seed, config.min_pass_rate, config.slowdown, config.baseline_runs,
                 config.validation_runs, writer.name if writer else "templates", GRADER_VERSION) + more)
@@ -356,7 +367,8 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
     counts = report.per_package[spec.key]
     if not kept:
         raise PackageError(f"{spec.key}: no task kept: {counts['tested']} candidates tested, {counts['broke_tests']} "
-                           f"broke 1 to {config.max_fail_to_pass} tests, {counts['stable']} the same way on every run, "
+                           f"broke 1 to {config.max_fail_to_pass} tests ({counts['weak_tests']} under tests that "
+                           f"ignore the function's result), {counts['stable']} the same way on every run, "
                            f"{len(rejects)} set aside by the verifier; raise candidates_per_package or widen "
                            "source_globs in the package entry", "synthesize")
     write_rows(cached, [t.to_row() for t in kept], TASK_SCHEMA)

@@ -1,0 +1,97 @@
+"""A bug is kept only when its FAIL_TO_PASS tests check the function's result (pipeline/tasks/strength.py),
+run for real on this host in a local sandbox."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.tasks.discover import PYTEST
+from pipeline.tasks.mutations import BugCandidate
+from pipeline.tasks.packages import PackageSpec
+from pipeline.tasks.strength import stubbed
+from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
+from sandbox.local_sandbox import LocalSandbox
+
+SOURCE = '''import functools
+
+
+class Box:
+    """A box."""
+
+    @functools.lru_cache
+    def size(self, n):
+        """Its size."""
+        total = n * 2
+        return total
+
+    def one(self): return 1
+
+
+def render(items):
+    out = []
+    for item in items:
+        out.append(label(item))
+    return out
+
+
+def label(item):
+    text = f"<{item}>"
+    return text
+'''
+
+
+def test_stubbed_cuts_exactly_the_functions_body():
+    method = stubbed(SOURCE, "Box.size")
+    assert "    @functools.lru_cache\n    def size(self, n):\n        return None\n\n    def one(self)" in method
+    assert "total" not in method and "Its size" not in method and 'text = f"<{item}>"' in method
+    last = stubbed(SOURCE, "label")
+    assert last.endswith('def label(item):\n    return None\n') and "out.append(label(item))" in last
+    ast.parse(method), ast.parse(last)  # still Python
+    assert stubbed(SOURCE, "Box.one") is None  # a body on the def line: left alone
+    assert stubbed(SOURCE, "missing") is None
+
+
+CALC = ("def add(a, b):\n    total = a + b\n    return total\n\n\n"
+        "def describe(a, b):\n    total = a + b\n    return f'{a}+{b}={total}'\n")
+TESTS = ("from calc import add, describe\n\n\n"
+         "def test_add():\n    assert add(2, 3) == 5\n\n\n"
+         "def test_describe_runs():\n    describe(1, 2)  # checks only that it does not raise\n")
+SPEC = PackageSpec("calc", "1", ("tests",), ("calc.py",), (PYTEST,), (), build_requirements=(),
+                   test_command=f"{sys.executable} -m pytest -rA -p no:cacheprovider tests")
+
+
+def repo(path: Path) -> Path:
+    (path / "tests").mkdir(parents=True)
+    (path / "calc.py").write_text(CALC)
+    (path / "tests" / "test_calc.py").write_text(TESTS)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run([*git, *command], cwd=path, check=True)
+    return path
+
+
+def removed_assignment(function: str, line: int) -> BugCandidate:
+    """The bug of the demo's weak task: the function's first assignment removed, so it raises NameError."""
+    lines = CALC.splitlines(keepends=True)
+    return BugCandidate("calc.py", function, "remove_assignment", line, CALC,
+                        "".join(lines[:line - 1] + lines[line:]), "test", f"cand-{function}")
+
+
+def test_a_bug_whose_tests_ignore_the_functions_result_is_dropped(tmp_path):
+    strong, weak = removed_assignment("add", 2), removed_assignment("describe", 7)
+    config, report = SynthConfig(validation_runs=2, min_pass_rate=0.5), SynthReport()
+    with LocalSandbox(repo(tmp_path / "calc"), timeout=120) as sandbox:
+        base = baseline(sandbox, SPEC, config)
+        kept = try_candidate(sandbox, SPEC, strong, base, config, report)
+        dropped = try_candidate(sandbox, SPEC, weak, base, config, report)
+        assert sandbox.read_file("calc.py").decode() == CALC  # restored after each, the probe's stub too
+        unchecked = try_candidate(sandbox, SPEC, weak, base, SynthConfig(validation_runs=2, reject_weak_tests=False),
+                                  SynthReport())
+    assert kept[0] == ["tests/test_calc.py::test_add"]
+    assert dropped is None  # describe() returning None passes test_describe_runs: a skip-the-call fix would be paid
+    assert unchecked[0] == ["tests/test_calc.py::test_describe_runs"]  # what the probe is there to stop
+    counts = report.per_package[SPEC.key]
+    assert (counts["tested"], counts["broke_tests"], counts["weak_tests"], counts["stable"]) == (2, 2, 1, 1)
