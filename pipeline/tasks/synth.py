@@ -30,23 +30,9 @@ from pipeline.store import read_rows, write_rows
 from pipeline.tasks import combine as combined
 from pipeline.tasks.difficulty import difficulty, summary, task_difficulty
 from pipeline.tasks.issue_writer import written_statement
-from pipeline.tasks.mutations import (
-    BugCandidate,
-    bug_patch,
-    collect_candidates,
-    gold_patch,
-)
-from pipeline.tasks.packages import (
-    DEFAULT_PACKAGES,
-    WORKDIR,
-    PackageError,
-    PackageSpec,
-    build_environment_image,
-    fetch_source,
-    package_specs,
-    resolve,
-    test_command,
-)
+from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
+from pipeline.tasks.packages import (DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, build_environment_image,
+                                     fetch_source, package_specs, resolve, test_command)
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
 from pipeline.tasks.strength import tests_ignore_result
