@@ -22,7 +22,8 @@ from typing import Generator, Iterator
 
 from pipeline.agent.policy import AssistantTurn, Usage
 
-SUITE = "python -m pytest -x -q --tb=short -p no:cacheprovider 2>&1 | tail -n 80"
+# pipefail: the tool reports pytest's exit code, not tail's (a failing run must not say "exit code: 0")
+SUITE = "(set -o pipefail; python -m pytest -x -q --tb=short -p no:cacheprovider 2>&1 | tail -n 80)"
 HINT_HEADER = "Reference action trajectory hint:"
 TOOL_WORDS = {"bash", "edit", "view", "view_range", "create", "str_replace", "insert", "submit", "old_str"}
 REPAIRS = [  # (pattern, replacement): each applied at one match at a time
@@ -127,7 +128,7 @@ def program(prompt: str, rng: random.Random, cfg: HeuristicConfig) -> Generator[
                                         "new_str": new}, "Try a one-line repair near the failure.")
             if "rror" in out.split("\n", 1)[0]:
                 continue
-            out = yield bash(f"python -m pytest -q -p no:cacheprovider '{test}' 2>&1 | tail -n 5",
+            out = yield bash(f"(set -o pipefail; python -m pytest -q -p no:cacheprovider '{test}' 2>&1 | tail -n 5)",
                              "Re-run the failing test.")
             if _passed(out):
                 out = yield bash(SUITE, "The test passes; run the whole suite.")

@@ -50,7 +50,7 @@ def expert_actions(task: Task) -> list[dict]:
                                                  "view_range": [max(1, start - 5), start + 15]}})
         actions.append({"name": "edit", "args": {"command": "str_replace", "path": path, "old_str": old,
                                                  "new_str": new}})
-    actions.append({"name": "bash", "args": {"command": f"cd {shlex.quote(task.workdir)} && {task.test_cmd} 2>&1 "
-                                                        "| tail -n 20"}})
+    actions.append({"name": "bash", "args": {"command": f"cd {shlex.quote(task.workdir)} && (set -o pipefail; "
+                                                        f"{task.test_cmd} 2>&1 | tail -n 20)"}})
     actions.append({"name": "submit", "args": {}})
     return actions
