@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import ast
 import subprocess
-import sys
 from pathlib import Path
 
-from pipeline.tasks.discover import PYTEST
 from pipeline.tasks.mutations import BugCandidate
-from pipeline.tasks.packages import PackageSpec
 from pipeline.tasks.strength import stubbed
 from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
 from sandbox.local_sandbox import LocalSandbox
+from tests.test_package_sources import SPEC, tree  # the same `calc` package spec
 
 SOURCE = '''import functools
 
@@ -59,14 +57,10 @@ CALC = ("def add(a, b):\n    total = a + b\n    return total\n\n\n"
 TESTS = ("from calc import add, describe\n\n\n"
          "def test_add():\n    assert add(2, 3) == 5\n\n\n"
          "def test_describe_runs():\n    describe(1, 2)  # checks only that it does not raise\n")
-SPEC = PackageSpec("calc", "1", ("tests",), ("calc.py",), (PYTEST,), (), build_requirements=(),
-                   test_command=f"{sys.executable} -m pytest -rA -p no:cacheprovider tests")
 
 
 def repo(path: Path) -> Path:
-    (path / "tests").mkdir(parents=True)
-    (path / "calc.py").write_text(CALC)
-    (path / "tests" / "test_calc.py").write_text(TESTS)
+    tree(path, {"calc.py": CALC, "tests/test_calc.py": TESTS})
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
         subprocess.run([*git, *command], cwd=path, check=True)

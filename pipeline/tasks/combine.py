@@ -5,6 +5,7 @@ patches apply together; the combined task is validated as a whole like any other
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import random
 from collections import defaultdict
@@ -21,11 +22,12 @@ Edit = tuple[int, int, list[str]]
 """(first original line, end original line, lines replacing them): 0-based, end exclusive."""
 
 
-def edits(candidate: BugCandidate) -> list[Edit]:
+@functools.lru_cache(maxsize=256)  # a kept bug is in many of the groups tried: its whole-file diff, once
+def edits(candidate: BugCandidate) -> tuple[Edit, ...]:
     """The line edits that turn the original file into the mutated one."""
     before, after = source_lines(candidate.original_source), source_lines(candidate.mutated_source)
     matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
-    return [(i1, i2, after[j1:j2]) for op, i1, i2, j1, j2 in matcher.get_opcodes() if op != "equal"]
+    return tuple((i1, i2, after[j1:j2]) for op, i1, i2, j1, j2 in matcher.get_opcodes() if op != "equal")
 
 
 def merged_source(candidates: list[BugCandidate]) -> str | None:

@@ -35,11 +35,16 @@ class Baseline:
 
 def run_suite(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
     """Status per test, the log and whether it timed out (output read from a file: never capped)."""
-    log_file = f"{sandbox.scratch}/suite.log"
-    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} > {log_file} 2>&1",
+    text, timed_out = _logged_run(sandbox, test_command(spec), "suite.log", timeout)
+    return PARSER_REGISTRY[LOG_PARSER](text, None), text, timed_out
+
+
+def _logged_run(sandbox: DockerSandbox, command: str, log_name: str, timeout: float) -> tuple[str, bool]:
+    """(output, timed out) of `command` run in the workdir, its output written to a scratch file and read back."""
+    log_file = f"{sandbox.scratch}/{log_name}"
+    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {command} > {log_file} 2>&1",
                          timeout=timeout)
-    text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
-    return PARSER_REGISTRY[LOG_PARSER](text, None), text, result.timed_out
+    return sandbox.read_file(log_file).decode("utf-8", errors="replace"), result.timed_out
 
 
 def reproduce(sandbox: DockerSandbox, spec: PackageSpec) -> str:
@@ -91,8 +96,5 @@ def runnable(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> 
 
 def _collect(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
     """(test ids, collection errors) of one `--collect-only` run."""
-    log_file = f"{sandbox.scratch}/collect.log"
-    sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {test_command(spec)} --collect-only -q "
-                f"> {log_file} 2>&1", timeout=timeout)
-    lines = sandbox.read_file(log_file).decode("utf-8", errors="replace").splitlines()
+    lines = _logged_run(sandbox, f"{test_command(spec)} --collect-only -q", "collect.log", timeout)[0].splitlines()
     return {line for line in lines if "::" in line}, sum(line.startswith("ERROR ") for line in lines)

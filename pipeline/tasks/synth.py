@@ -166,18 +166,17 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
               text: str, config: SynthConfig, writer: Policy | None = None,
               parts: list[BugCandidate] = ()) -> Task:
     """The task of a bug that broke `f2p` on every run; `parts`: the bugs a combined one holds."""
-    p2p = sorted(base.passed - set(f2p))
-    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text),
-                                  gold_patch(cand), config.seed)
+    p2p, gold = sorted(base.passed - set(f2p)), gold_patch(cand)
+    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text), gold, config.seed)
     kinds = [p.kind for p in parts] or [cand.kind]
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
                   "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id,
-                  "difficulty": difficulty(gold_patch(cand), f2p, kinds)}
+                  "difficulty": difficulty(gold, f2p, kinds)}
     if parts:
         provenance["parts"] = [p.candidate_id for p in parts]
     return Task(
         instance_id=f"{spec.name}__{spec.version}__{cand.kind}__{cand.candidate_id[:10]}",
-        repo=f"pypi/{spec.name}", base_commit="", patch=gold_patch(cand), test_patch="",
+        repo=f"pypi/{spec.name}", base_commit="", patch=gold, test_patch="",
         problem_statement=statement, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), image=image,
         workdir=WORKDIR, test_cmd=test_command(spec), log_parser=LOG_PARSER, source="synth",
         version=spec.version, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
