@@ -24,9 +24,11 @@ import subprocess
 import threading
 import time
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from tests.loopback import ThreadedServer
 
 
 def kube_time(ns: int) -> str:
@@ -161,10 +163,119 @@ class FakePod:
         return b"".join((kube_time(t).encode() + b" " if timestamps else b"") + line for t, line in chosen)
 
 
-class FakeKube:
+class KubeHandler(BaseHTTPRequestHandler):
+    """Routes a request to the FakeKube that serves it (`owner`)."""
+
+    owner: FakeKube
+    protocol_version = "HTTP/1.1"
+    timeout = 5  # seconds an idle kept-alive connection is held
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _route(self, method: str) -> None:
+        self.owner.requests.append((method, self.path))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.headers.get("Authorization") != f"Bearer {self.owner.token}":
+            return self._status(401, "Unauthorized", "no or wrong bearer token")
+        url = urlsplit(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        parts = url.path.strip("/").split("/")
+        if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
+            return self._unknown(method)
+        namespace, kind, rest = parts[3], parts[4], parts[5:]
+        route = (method, kind, len(rest), rest[1:])
+        if route == ("GET", "events", 0, []):
+            return self._list_events(namespace, query)
+        if route == ("POST", "pods", 0, []):
+            return self._json(201, self.owner.create(namespace, json.loads(body)).as_json())
+        if route == ("GET", "pods", 0, []):
+            return self._list_pods(namespace, query)
+        if kind != "pods" or route not in (("GET", "pods", 1, []), ("DELETE", "pods", 1, []),
+                                           ("GET", "pods", 2, ["log"])):
+            return self._unknown(method)
+        pod = self.owner.delete(namespace, rest[0]) if method == "DELETE" else self.owner.pods.get((namespace, rest[0]))
+        if pod is None:
+            return self._status(404, "NotFound", f'pods "{rest[0]}" not found')
+        if rest[1:] == ["log"]:
+            return self._log(pod, query)
+        return self._json(200, pod.as_json())
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_DELETE(self) -> None:
+        self._route("DELETE")
+
+    def _list_pods(self, namespace: str, query: dict) -> None:
+        name = query.get("fieldSelector", "").removeprefix("metadata.name=")
+        items = [p.as_json() for (ns, n), p in list(self.owner.pods.items()) if ns == namespace and n == name or
+                 ns == namespace and not name]
+        self._json(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+
+    def _list_events(self, namespace: str, query: dict) -> None:
+        name = query.get("fieldSelector", "").removeprefix("involvedObject.name=")
+        pod = self.owner.pods.get((namespace, name))
+        self._json(200, {"apiVersion": "v1", "kind": "EventList", "metadata": {},
+                         "items": list(pod.events) if pod else []})
+
+    def _log(self, pod: FakePod, query: dict) -> None:
+        if "waiting" in pod.state:
+            reason = pod.state["waiting"]["reason"]
+            return self._status(400, "BadRequest", f'container "{pod.container["name"]}" in pod "{pod.name}" '
+                                                   f"is waiting to start: {reason}")
+        stamped, since, tail = go_bool(query.get("timestamps")), query.get("sinceSeconds"), query.get("tailLines")
+        if not go_bool(query.get("follow")):
+            return self._send(200, pod.lines(stamped, 0, len(pod.log), since, tail), "text/plain")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent = len(pod.log)
+        chunk = pod.lines(stamped, 0, sent, since, tail)
+        try:
+            while True:
+                if chunk:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                with pod.changed:
+                    pod.changed.wait_for(lambda: len(pod.log) > sent or pod.finished.is_set(), timeout=1)
+                    done, count = pod.finished.is_set(), len(pod.log)
+                if done and count == sent:
+                    break
+                chunk, sent = pod.lines(stamped, sent, count), count
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped following
+            self.close_connection = True
+
+    def _unknown(self, method: str) -> None:
+        self.owner.unknown.append((method, self.path))
+        self._status(404, "NotFound", f"the fake Kubernetes API does not serve {method} {self.path}")
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        self._json(code, {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message,
+                          "reason": reason, "code": code})
+
+    def _json(self, code: int, data: dict) -> None:
+        self._send(code, json.dumps(data).encode(), "application/json")
+
+    def _send(self, code: int, body: bytes, kind: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class FakeKube(ThreadedServer):
     """The loopback API server; `with FakeKube() as kube:` starts it and stops it with every pod's process."""
 
     token = "handhold-fake-token"
+    handler = KubeHandler
 
     def __init__(self, pull_fails: tuple[str, ...] = (), pending_seconds: float = 0.3):
         self.pull_fails, self.pending_seconds = set(pull_fails), pending_seconds
@@ -174,26 +285,14 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self.unknown: list[tuple[str, str]] = []
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def __enter__(self) -> FakeKube:
-        self.thread.start()
-        return self
+        return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
+    def close(self) -> None:
         for pod in list(self.pods.values()):
             pod.stop()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().close()
 
     def write_kubeconfig(self, path: Path, namespace: str = "") -> Path:
         """A kubeconfig whose current context is this server, with its bearer token and `namespace`."""
@@ -214,112 +313,3 @@ class FakeKube:
         if pod:
             pod.stop()
         return pod
-
-
-def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = 5  # seconds an idle kept-alive connection is held
-
-        def log_message(self, *args) -> None:
-            pass
-
-        def _route(self, method: str) -> None:
-            kube.requests.append((method, self.path))
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if self.headers.get("Authorization") != f"Bearer {kube.token}":
-                return self._status(401, "Unauthorized", "no or wrong bearer token")
-            url = urlsplit(self.path)
-            query = {k: v[0] for k, v in parse_qs(url.query).items()}
-            parts = url.path.strip("/").split("/")
-            if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
-                return self._unknown(method)
-            namespace, kind, rest = parts[3], parts[4], parts[5:]
-            route = (method, kind, len(rest), rest[1:])
-            if route == ("GET", "events", 0, []):
-                return self._list_events(namespace, query)
-            if route == ("POST", "pods", 0, []):
-                return self._json(201, kube.create(namespace, json.loads(body)).as_json())
-            if route == ("GET", "pods", 0, []):
-                return self._list_pods(namespace, query)
-            if kind != "pods" or route not in (("GET", "pods", 1, []), ("DELETE", "pods", 1, []),
-                                               ("GET", "pods", 2, ["log"])):
-                return self._unknown(method)
-            pod = kube.delete(namespace, rest[0]) if method == "DELETE" else kube.pods.get((namespace, rest[0]))
-            if pod is None:
-                return self._status(404, "NotFound", f'pods "{rest[0]}" not found')
-            if rest[1:] == ["log"]:
-                return self._log(pod, query)
-            return self._json(200, pod.as_json())
-
-        def do_GET(self) -> None:
-            self._route("GET")
-
-        def do_POST(self) -> None:
-            self._route("POST")
-
-        def do_DELETE(self) -> None:
-            self._route("DELETE")
-
-        def _list_pods(self, namespace: str, query: dict) -> None:
-            name = query.get("fieldSelector", "").removeprefix("metadata.name=")
-            items = [p.as_json() for (ns, n), p in list(kube.pods.items()) if ns == namespace and n == name or
-                     ns == namespace and not name]
-            self._json(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
-
-        def _list_events(self, namespace: str, query: dict) -> None:
-            name = query.get("fieldSelector", "").removeprefix("involvedObject.name=")
-            pod = kube.pods.get((namespace, name))
-            self._json(200, {"apiVersion": "v1", "kind": "EventList", "metadata": {},
-                             "items": list(pod.events) if pod else []})
-
-        def _log(self, pod: FakePod, query: dict) -> None:
-            if "waiting" in pod.state:
-                reason = pod.state["waiting"]["reason"]
-                return self._status(400, "BadRequest", f'container "{pod.container["name"]}" in pod "{pod.name}" '
-                                                       f"is waiting to start: {reason}")
-            stamped, since, tail = go_bool(query.get("timestamps")), query.get("sinceSeconds"), query.get("tailLines")
-            if not go_bool(query.get("follow")):
-                return self._send(200, pod.lines(stamped, 0, len(pod.log), since, tail), "text/plain")
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            sent = len(pod.log)
-            chunk = pod.lines(stamped, 0, sent, since, tail)
-            try:
-                while True:
-                    if chunk:
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                        self.wfile.flush()
-                    with pod.changed:
-                        pod.changed.wait_for(lambda: len(pod.log) > sent or pod.finished.is_set(), timeout=1)
-                        done, count = pod.finished.is_set(), len(pod.log)
-                    if done and count == sent:
-                        break
-                    chunk, sent = pod.lines(stamped, sent, count), count
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):  # the client stopped following
-                self.close_connection = True
-
-        def _unknown(self, method: str) -> None:
-            kube.unknown.append((method, self.path))
-            self._status(404, "NotFound", f"the fake Kubernetes API does not serve {method} {self.path}")
-
-        def _status(self, code: int, reason: str, message: str) -> None:
-            self._json(code, {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message,
-                              "reason": reason, "code": code})
-
-        def _json(self, code: int, data: dict) -> None:
-            self._send(code, json.dumps(data).encode(), "application/json")
-
-        def _send(self, code: int, body: bytes, kind: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler
-
