@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import time
 import uuid
@@ -85,6 +86,49 @@ def instance_with_pool_limit():
         if info.using_default_limit or not info.slot_count:
             storage.initialize_concurrency_limit_to_default(POOL)
     return instance
+
+
+HOST_TAG, PROCESS_TAG = "handhold/host", "handhold/process"  # where an in-process run runs: host, pid:start
+
+
+def process_identity(pid: int) -> str | None:
+    """'pid:start' of a live process (its start time in clock ticks since boot, so a reused pid is another
+    process), or None when no such process runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, someone else's
+    stat = Path(f"/proc/{pid}/stat")
+    # the fields after the command name, which is in parentheses and may hold spaces; the start time is the 22nd
+    return f"{pid}:{stat.read_text().rsplit(')', 1)[1].split()[19]}" if stat.exists() else f"{pid}:"
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process as the one running an in-process run."""
+    return {HOST_TAG: socket.gethostname(), PROCESS_TAG: process_identity(os.getpid()) or ""}
+
+
+def release_dead_runs(instance) -> list[str]:
+    """Runs `handhold run` started on this host whose process is gone (SIGKILLed, out of memory): each is marked
+    failed and its `sandboxes` slots freed, else the pool stays full of claims nobody will release."""
+    import dagster as dg
+
+    unfinished = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED],
+                               tags={HOST_TAG: socket.gethostname()})
+    released = []
+    for run in instance.get_runs(filters=unfinished):
+        process = run.tags.get(PROCESS_TAG, "")
+        if not process or process_identity(int(process.split(":")[0])) == process:
+            continue
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        instance.report_run_failed(run, f"its process ({process.split(':')[0]}) ended without finishing the run "
+                                        "(killed?): marked failed and its concurrency slots freed by handhold")
+        print(f"handhold: run {run.run_id[:8]} lost its process: marked failed, its `{POOL}` slots freed",
+              file=sys.stderr)
+        released.append(run.run_id)
+    return released
 
 
 def run_config(config_file: str | None, pairs: list[str]) -> dict:
@@ -167,6 +211,7 @@ def run_selection(selection: str, config_file: str | None, pairs: list[str], ful
     keys = selected_keys(defs, selection)
     home = ensure_dagster_home()
     instance = instance_with_pool_limit()
+    release_dead_runs(instance)
     job = defs.resolve_job_def("main")
     steps = len(job.get_subset(asset_selection=frozenset(keys)).graph.nodes)
     settings = config["resources"]["settings"]["config"] if config else {}
@@ -179,7 +224,8 @@ def run_selection(selection: str, config_file: str | None, pairs: list[str], ful
     start = time.monotonic()
     result = job.execute_in_process(
         run_config={**config, "loggers": {"console": {"config": {"log_level": "INFO"}}}}, instance=instance,
-        asset_selection=keys, partition_key=partition, run_id=run_id, raise_on_error=False)
+        asset_selection=keys, partition_key=partition, run_id=run_id, raise_on_error=False,
+        tags=owner_tags())
     print_summary(result, keys, time.monotonic() - start, full)
     errors = [root_error(e) for e in result.get_step_failure_events()]
     interrupted = any(e and e.cls_name == "DagsterExecutionInterruptedError" for e in errors)  # Ctrl-C
@@ -234,6 +280,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     home = ensure_dagster_home()
     instance = instance_with_pool_limit()
+    release_dead_runs(instance)
     graph = defs.resolve_asset_graph()
     keys = graph.toposorted_asset_keys
     width = max(len(k.to_user_string()) for k in keys)

@@ -12,7 +12,8 @@ import pytest
 from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 from dagster._core.storage.dagster_run import DagsterRun
 
-from pipeline.cli import POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, main
+from pipeline.cli import (POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, main, owner_tags,
+                          release_dead_runs)
 
 # task_sources with no package and no dataset: a real materialization that needs neither network nor Docker
 CHEAP = ["--select", "task_sources", "--set", "synth.packages=[]"]
@@ -111,3 +112,54 @@ def test_a_dagster_yaml_of_ones_own_is_left_alone(home, monkeypatch, capsys):
     monkeypatch.setenv("HANDHOLD_SANDBOX_POOL_LIMIT", "none")
     with pytest.raises(UsageError, match="HANDHOLD_SANDBOX_POOL_LIMIT='none'"):
         ensure_dagster_home()
+
+
+HOLDS_A_SLOT = """
+import sys, time
+import dagster as dg
+from pipeline.cli import POOL, instance_with_pool_limit, owner_tags
+
+@dg.op(pool=POOL)
+def sandbox_step():
+    print("claimed", flush=True)
+    time.sleep(600)
+
+@dg.job
+def holder():
+    sandbox_step()
+
+holder.execute_in_process(instance=instance_with_pool_limit(), tags=owner_tags())
+"""
+
+
+def test_a_killed_run_gives_its_pool_slots_back(home, tmp_path, capsys):
+    ensure_dagster_home()
+    child = subprocess.Popen([sys.executable, "-c", HOLDS_A_SLOT], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).parent.parent)
+    try:
+        assert child.stdout.readline().strip() == "claimed"
+    finally:
+        child.kill()  # SIGKILL: nothing in the process gets to free its slot
+        child.wait()
+    instance = dg.DagsterInstance.get()
+    [run] = instance.get_runs()
+    assert run.status == dg.DagsterRunStatus.STARTED
+    assert instance.event_log_storage.get_concurrency_info(POOL).active_slot_count == 1
+
+    assert main(["status"]) == 0
+    captured = capsys.readouterr()
+    assert f"run {run.run_id[:8]} lost its process: marked failed" in captured.err
+    assert f"pool {POOL}: limit 2, 0 in use, 0 waiting" in captured.out.splitlines()
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+
+
+def test_a_live_run_keeps_its_slots(home):
+    ensure_dagster_home()
+    instance = instance_with_pool_limit()
+    run = instance.run_storage.add_run(DagsterRun(job_name="main", run_id="alive", status=dg.DagsterRunStatus.STARTED,
+                                                  tags=owner_tags()))
+    with InstanceConcurrencyContext(instance, run) as steps:
+        assert steps.claim(POOL, "step")
+    assert release_dead_runs(instance) == []
+    assert instance.event_log_storage.get_concurrency_info(POOL).active_slot_count == 1
+    assert instance.get_run_by_id("alive").status == dg.DagsterRunStatus.STARTED
