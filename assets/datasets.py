@@ -10,7 +10,7 @@ import polars as pl
 
 from assets.resources import Credentials, HandholdSettings
 from pipeline.datasets import read_dataset, update_datasets
-from pipeline.datasets.export import HISTOGRAM_FILE, CardInfo, export_dataset, pass_rates
+from pipeline.datasets.export import HISTOGRAM_FILE, CardInfo, export_dataset, pass_rates, split_by_task
 from pipeline.datasets.pairs import row_text
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables
@@ -69,6 +69,7 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
             "tasks": rows["instance_id"].n_unique() if rows.height else 0,
             "batches_built": report.built, "batches_reused": report.reused, "token_counter": report.token_counter,
             "dropped": {k: v for k, v in report.dropped.items() if k.startswith(f"{kind}.") or "." not in k},
+            **({"groups": report.groups} if kind == "actguide" else {}),  # mixed, rescued, zero_advantage
             "preview": _preview(rows)})
 
 
@@ -128,7 +129,7 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     config, batch = settings.resolved(), settings.batch_name(context)
     plans = [pl.read_parquet(f) for f in sorted(settings.path("guidance").glob("*/guidance.parquet"))]
     folder = settings.path("datasets", "hf")
-    tables = _export_tables(settings)
+    tables, moved = split_by_task(_export_tables(settings), _tasks(settings), config.datasets.test_fraction)
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
@@ -143,6 +144,7 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
                                                                           "k*/K"))
     return dg.MaterializeResult(metadata={
         "path": str(folder), "rows": report.rows, "files": len(report.files), "empty": list(report.empty),
+        "rows_moved_to_task_split": moved,
         "load_with": f'datasets.load_dataset("{folder}", "dpo")', **pictures})
 
 

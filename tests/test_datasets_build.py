@@ -247,13 +247,13 @@ def test_actguide_rows_hold_the_whole_group_with_log_probs_and_both_prompts():
     guided = [traj(f"a{i}", kind="action", reward=float(i), sample=i, guidance_actions=actions, guidance_k=1,
                    group_id="ga", logprobs=((-0.5, -0.25), None)) for i in range(2)]
     probe = traj("p0", kind="action", reward=1.0, batch="b1-probes", guidance_actions=actions, guidance_k=2)
-    rows = build_rows(TASK_T1[:3] + guided + [probe], DatasetConfig())
+    rows = build_rows(TASK_T1[:2] + guided + [probe], DatasetConfig())  # u0, u1 failed: a rescued group
     (row,) = rows.actguide.iter_rows(named=True)
     assert row["prompt"][1]["content"] == f"{ISSUE} (t1)" and row["guided_prompt"][1]["content"].endswith(HINT)
     assert json.loads(row["actions"]) == [a.as_dict() for a in actions] and (row["K"], row["k_star"]) == (3, 1)
     assert [(m["rollout_id"], m["sampled_under"], m["reward"]) for m in row["trajectories"]] == [
-        ("u0", "unguided", 0.0), ("u1", "unguided", 0.0), ("u2", "unguided", 1.0),
-        ("a0", "guided", 0.0), ("a1", "guided", 1.0)]
+        ("u0", "unguided", 0.0), ("u1", "unguided", 0.0), ("a0", "guided", 0.0), ("a1", "guided", 1.0)]
+    assert row["group_kind"] == "rescued" and rows.groups == {"mixed": 0, "rescued": 1, "zero_advantage": 0}
     assert row["trajectories"][3]["logprobs"] == [[-0.5, -0.25], None] and row["trajectories"][0]["logprobs"] is None
     assert (row["group_id"], row["batch"]) == ("ga", "b1")
     assert "p0" in rows.sft["rollout_id"]  # probes are guided successes, never group members

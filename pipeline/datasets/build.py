@@ -31,7 +31,7 @@ from pipeline.datasets.splits import Counter, token_counter
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
 from pipeline.store import check_contract
 
-BUILDER_VERSION = "2"  # bump when a rule changes: every batch is rebuilt
+BUILDER_VERSION = "3"  # bump when a rule changes: every batch is rebuilt
 KINDS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
 MANIFEST = "manifest.json"
@@ -95,6 +95,8 @@ class BatchRows:
     actguide: pl.DataFrame
     sft: pl.DataFrame
     dropped: dict[str, int]
+    groups: dict[str, int] = field(default_factory=dict)
+    """ActGuide groups by learning signal: 'mixed', 'rescued' (rows) and 'zero_advantage' (tasks, no row)."""
 
 
 def trajectory_frame(trajectories: Iterable[Trajectory]) -> pl.DataFrame:
@@ -117,11 +119,11 @@ def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: Datase
     chosen, rejected, pool_dropped = candidates(t, config)
     dpo, dpo_dropped = dpo_rows(chosen, rejected, heavy, config, (seen or {}).get("dpo"))
     sft, sft_dropped = sft_rows(chosen, heavy, config, (seen or {}).get("sft"))
-    actguide, act_dropped = actguide_rows(t, heavy, config)
+    actguide, act_dropped, groups = actguide_rows(t, heavy, config)
     for prefix, counts in [("", pool_dropped), ("dpo.", dpo_dropped), ("sft.", sft_dropped),
                            ("actguide.", act_dropped)]:
         dropped.update({prefix + k: v for k, v in counts.items()})
-    return BatchRows(dpo, actguide, sft, dropped)
+    return BatchRows(dpo, actguide, sft, dropped, groups)
 
 
 def read_trajectory_file(path: str | os.PathLike) -> pl.DataFrame:
@@ -189,6 +191,8 @@ class BuildReport:
     removed: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+    """ActGuide groups by learning signal over all batches (BatchRows.groups)."""
     skipped_files: list[SkippedFile] = field(default_factory=list)
     token_counter: str = ""
 
@@ -266,6 +270,8 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
             report.rows[key] = report.rows.get(key, 0) + value
         for key, value in entry["dropped"].items():
             report.dropped[key] = report.dropped.get(key, 0) + value
+        for key, value in entry["groups"].items():
+            report.groups[key] = report.groups.get(key, 0) + value
         report.skipped_files += [SkippedFile(**s) for s in entry["skipped"]]
     return report
 
@@ -278,10 +284,10 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
     seen = _seen(out_dir, before)
     parts = (build_rows(frame.filter(pl.col("instance_id").is_in(ids)), config, gold, seen, count)
              for ids in task_chunks(frame))
-    rows, dropped = _write_shards(out_dir, name, parts)
+    rows, dropped, groups = _write_shards(out_dir, name, parts)
     ids = sorted(frame["instance_id"].unique().to_list())
     return {"files": stamps, "before": before, "instance_ids": ids, "gold": _gold_digest(gold, ids),
-            "rows": rows, "dropped": dropped, "skipped": [dataclasses.asdict(s) for s in skipped]}
+            "rows": rows, "dropped": dropped, "groups": groups, "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 
 def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]:
@@ -292,13 +298,14 @@ def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]
     return [ids.to_list() for ids in runs.group_by("run", maintain_order=True).agg("instance_id")["instance_id"]]
 
 
-def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]) -> tuple[dict[str, int], dict[str, int]]:
+def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
+                  ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Append each part's rows to the batch's shard of each kind (temporary names, renamed at the end);
-    a part is written while the next is built. Returns the row counts and the summed leftovers."""
+    a part is written while the next is built. Returns the row counts, the summed leftovers and groups."""
     paths = {kind: shard(out_dir, kind, batch) for kind in KINDS}
     tmps = {kind: _temporary(path) for kind, path in paths.items()}
     writers = {kind: pq.ParquetWriter(tmps[kind], schema, compression=COMPRESSION) for kind, schema in KINDS.items()}
-    rows, dropped, pending = dict.fromkeys(KINDS, 0), {}, []
+    rows, dropped, groups, pending = dict.fromkeys(KINDS, 0), {}, {}, []
 
     def append(kind: str, part: BatchRows) -> None:
         table = rows_table(getattr(part, kind), KINDS[kind])
@@ -315,6 +322,8 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]) -> tupl
                     rows[kind] += getattr(part, kind).height
                 for key, value in part.dropped.items():
                     dropped[key] = dropped.get(key, 0) + value
+                for key, value in part.groups.items():
+                    groups[key] = groups.get(key, 0) + value
             for done in pending:
                 done.result()
         for kind, writer in writers.items():
@@ -325,7 +334,7 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]) -> tupl
         for kind, writer in writers.items():
             writer.close()
             Path(tmps[kind]).unlink(missing_ok=True)
-    return rows, dropped
+    return rows, dropped, groups
 
 
 def _temporary(path: Path) -> str:

@@ -45,10 +45,14 @@ MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", 
                          pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32())))])
 ACTGUIDE_SCHEMA = record_schema(columns(
     ("prompt", CHAT), ("guided_prompt", CHAT), ("tools", STR), ("actions", STR), ("K", INT), ("k_star", INT),
-    ("trajectories", pa.list_(MEMBER_TYPE)), ("instance_id", STR), ("split", STR), ("batch", STR),
-    ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "1", "ActionGuidanceGroup")
-"""`trajectories`: every usable attempt of the task's unguided group and of its action-guided group,
-`sampled_under` 'unguided' or 'guided'; `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
+    ("group_kind", STR), ("trajectories", pa.list_(MEMBER_TYPE)), ("instance_id", STR), ("split", STR),
+    ("batch", STR), ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "2",
+    "ActionGuidanceGroup")
+"""One row per group with a learning signal (ActGuide-RL's Algorithm 1). `group_kind` 'mixed': a task's unguided
+group whose rewards differ, as it is (plain GRPO; `guided_prompt` is the prompt it was sampled under, the
+unguided one; `actions` '[]', K 0, k_star -1). 'rescued': a task no unguided attempt resolved, with an
+action-guided group that did; `trajectories` holds the unguided and the guided attempts, `sampled_under`
+'unguided' or 'guided'. `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
 
 PROBE_SUFFIX = "-probes"  # rescue.probe_batch stores the probes of batch B under batch B-probes
 KIND_ORDER = ("plan", "environment_feedback", "environment_interaction", "action")  # teacher.KINDS + action
@@ -301,20 +305,53 @@ def _actions_json(actions: pl.Series) -> pl.Series:
                       for row in actions.to_list()], dtype=pl.String)
 
 
-def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
-                  ) -> tuple[pl.DataFrame, dict[str, int]]:
-    """ACTGUIDE_SCHEMA rows: one per action-guided group (probes excluded: their hints have other k),
-    holding the task's unguided attempts and the group's guided attempts."""
-    dropped: dict[str, int] = {}
+def _signal_heads(t: pl.DataFrame) -> pl.DataFrame:
+    """The first attempt of each group with a learning signal, with its `group_kind`: a task's unguided group
+    when its rewards differ ('mixed', plain GRPO), or an action-guided group of a task no unguided attempt
+    resolved whose rewards, merged with the unguided ones, differ ('rescued'; probes excluded: their hints have
+    other k). A task gets a rescued group only when its unguided group is not mixed."""
+    reward, first = pl.col("reward"), TASK + ["group_id", "sample_index", "rollout_id"]
+    unguided = t.filter(pl.col("origin") == "unguided")
     guided = t.filter((pl.col("origin") == "guided") & (pl.col("guidance_kind") == "action"))
-    heads = guided.sort(TASK + ["group_id", "sample_index", "rollout_id"]).unique("group_id", keep="first",
-                                                                                 maintain_order=True)
+    outcome = unguided.group_by(TASK).agg(lo=reward.min(), hi=reward.max(), solved=pl.col("resolved").any())
+    mixed = (unguided.sort(first).unique(TASK, keep="first", maintain_order=True)
+             .join(outcome.filter(pl.col("lo") != pl.col("hi")), on=TASK, how="semi")
+             .with_columns(group_kind=pl.lit("mixed")))
+    spread = guided.group_by("group_id").agg(g_lo=reward.min(), g_hi=reward.max())
+    rescued = (guided.sort(first).unique("group_id", keep="first", maintain_order=True)
+               .join(outcome, on=TASK, how="left").join(spread, on="group_id")
+               .filter(~pl.col("solved").fill_null(False) & (pl.col("lo") == pl.col("hi")).fill_null(True)
+                       & (pl.min_horizontal("lo", "g_lo") != pl.max_horizontal("hi", "g_hi")))
+               .select(t.columns).with_columns(group_kind=pl.lit("rescued")))
+    return pl.concat([mixed, rescued]).sort(TASK + ["group_id"])
+
+
+def group_counts(t: pl.DataFrame, heads: pl.DataFrame) -> dict[str, int]:
+    """Groups by learning signal: 'mixed' and 'rescued' (rows), 'zero_advantage' (tasks whose unguided and
+    action-guided attempts give none: all resolved, or all failed and not rescued)."""
+    grouped = t.filter((pl.col("origin") == "unguided")
+                       | ((pl.col("origin") == "guided") & (pl.col("guidance_kind") == "action")))
+    tasks, signal = grouped.select(TASK).unique().height, heads.select(TASK).unique().height
+    kinds = heads["group_kind"].to_list()
+    return {"mixed": kinds.count("mixed"), "rescued": kinds.count("rescued"), "zero_advantage": tasks - signal}
+
+
+def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
+                  ) -> tuple[pl.DataFrame, dict[str, int], dict[str, int]]:
+    """(ACTGUIDE_SCHEMA rows, dropped, `group_counts`): one row per group with a learning signal
+    (`_signal_heads`), holding the task's unguided attempts and, for a rescued group, its guided attempts;
+    the trainer's `training_group` merges them or keeps the guided ones."""
+    dropped: dict[str, int] = {}
+    heads = _signal_heads(t)
+    groups = group_counts(t, heads)
     heads = _drop(heads, pl.lit(config.max_prompt_tokens > 0)
                   & (pl.col("guided_prompt_tokens") > config.max_prompt_tokens), "too_long", dropped)
     member = ["rollout_id", "sample_index", "reward", "resolved", "row", "completion_tokens"]
-    unguided = (t.filter(pl.col("origin") == "unguided").drop("group_id")  # members take the guided group's id
+    unguided = (t.filter(pl.col("origin") == "unguided").drop("group_id")  # members take the row's group id
                 .join(heads.select(TASK + ["group_id"]), on=TASK, maintain_order="left")
                 .select(["group_id"] + member).with_columns(sampled_under=pl.lit("unguided"), order=0))
+    guided = t.filter(pl.col("origin") == "guided").join(heads.filter(pl.col("group_kind") == "rescued"),
+                                                         on="group_id", how="semi")
     members = pl.concat([unguided, guided.select(["group_id"] + member).with_columns(
         sampled_under=pl.lit("guided"), order=1)], how="vertical_relaxed")
     members = _gathered(members.sort("group_id", "order", "sample_index", "rollout_id"), heavy,
@@ -322,11 +359,11 @@ def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
     members = members.group_by("group_id", maintain_order=True).agg(trajectories=pl.struct(
         "rollout_id", "sampled_under", "sample_index", "reward", "resolved", "completion", "completion_tokens",
         "logprobs"))
-    rows = heads.sort(TASK + ["group_id"]).join(members, on="group_id", maintain_order="left")
+    rows = heads.join(members, on="group_id", maintain_order="left")
     rows = _gathered(rows, heavy, guided_prompt=("prompt", "row"), prompt=("prompt_chat", "row"))
     return rows.select(
         "prompt", chat(pl.col("guided_prompt")).alias("guided_prompt"), "tools",
         pl.col("guidance_actions").map_batches(_actions_json, return_dtype=pl.String).alias("actions"),
         pl.col("guidance_actions").list.len().cast(pl.Int64).alias("K"), pl.col("guidance_k").alias("k_star"),
-        "trajectories", "instance_id", split_column("instance_id", config.test_fraction).alias("split"),
-        pl.col("base_batch").alias("batch"), "group_id", "prompt_tokens", "guided_prompt_tokens"), dropped
+        "group_kind", "trajectories", "instance_id", split_column("instance_id", config.test_fraction).alias("split"),
+        pl.col("base_batch").alias("batch"), "group_id", "prompt_tokens", "guided_prompt_tokens"), dropped, groups
