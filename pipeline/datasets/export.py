@@ -18,7 +18,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Union
+from typing import Iterable, Mapping, Union
 
 import numpy as np
 import polars as pl
@@ -26,7 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from pipeline.datasets.splits import combined_split_conflicts, split_column, split_groups
 from pipeline.pictures import draw_text, png
+from pipeline.records import Task
 
 Frame = Union[pl.DataFrame, pa.Table]
 CONFIGS = ("dpo", "actguide", "sft", "trajectories", "tasks")
@@ -113,6 +115,30 @@ def _by_split_column(table: pa.Table) -> dict[str, pa.Table]:
     frame = pl.from_arrow(table.select(["split"])).with_row_index("_row")
     return {str(name): table.take(rows["_row"].to_arrow())
             for (name,), rows in frame.group_by("split", maintain_order=True)}
+
+
+def split_by_task(tables: Mapping[str, pl.DataFrame], tasks: Iterable[Task], test_fraction: float
+                  ) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
+    """Every table's `split` set to its task's (its split group's, `split_groups`), and how many rows of
+    each table that moves: rows built without the groups carry their own instance id's split."""
+    tasks = list(tasks)
+    conflicts = combined_split_conflicts(tasks, test_fraction)
+    if conflicts:
+        raise ValueError(f"combined tasks in another split than their parts: {conflicts[:5]}; every part must "
+                         "share its combined task's split group (pipeline.datasets.splits.split_group)")
+    groups, out, moved = split_groups(tasks), {}, {}
+    for config, frame in tables.items():
+        if frame.height and "instance_id" not in frame.columns:
+            raise ValueError(f"config {config!r} has no instance_id column: its rows cannot be split by task; "
+                             "export a table that names each row's task")
+        if not frame.height:
+            out[config] = frame
+            continue
+        split = frame.select(split_column("instance_id", test_fraction, groups).alias("split"))["split"]
+        before = frame["split"] if "split" in frame.columns else None
+        moved[config] = int((before != split).sum()) if before is not None else 0
+        out[config] = frame.with_columns(split)
+    return out, moved
 
 
 def export_dataset(folder: Path, tables: Mapping[str, Frame | Mapping[str, Frame]], card: CardInfo,

@@ -1,40 +1,82 @@
 """Which split a task is in, how many tokens a list of messages counts, and what a completion's hash is.
 
-A task's split depends on its instance id alone (sha256, never Python's salted `hash()`), so it
-never moves between rebuilds, batches or machines, and every row of a task lands in one split.
-Token counts decide which rows fit the length limits: with a tokenizer they count its tokens of
-each message's text; without one, a deterministic character heuristic that says so. A content
-hash (sha256 of `canonical` text) is what tells two completions apart, in a batch and across them.
+A task's split is drawn from its split group (sha256, never Python's salted `hash()`), so it never
+moves between rebuilds, batches or machines, and every row of a task lands in one split. The group of
+a synthesized task is its module (repo and file): a combined task is 2-3 bugs of one module and every
+bug it was combined from is a task of that module too, so they share a split whatever other tasks
+exist (a key drawn from the combined tasks present would move when a new one links two groups); and a
+trajectory of a training task in that file shows the pristine code around every other bug of it. Any
+other task is its own group (its instance id). Token counts decide which rows fit the length limits:
+with a tokenizer they count its tokens of each message's text; without one, a deterministic character
+heuristic that says so. A content hash (sha256 of `canonical` text) is what tells two completions
+apart, in a batch and across them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
+import json
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from pipeline.records import Task
+
 SPLIT_SALT = "handhold-split:"  # changing it moves every task: never change it
 HEURISTIC = "heuristic: ceil(characters / 4) + 4 per message (no tokenizer set)"
 
 
-def task_split(instance_id: str, test_fraction: float) -> str:
-    """'test' when the task's hash point in [0, 1) falls below `test_fraction`, else 'train'."""
-    digest = hashlib.sha256((SPLIT_SALT + instance_id).encode()).digest()
+def task_split(group: str, test_fraction: float) -> str:
+    """'test' when the group's hash point in [0, 1) falls below `test_fraction`, else 'train'."""
+    digest = hashlib.sha256((SPLIT_SALT + group).encode()).digest()
     return "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
 
 
-def split_column(instance_ids: pl.Expr | str, test_fraction: float) -> pl.Expr:
-    """The split of each row's task, as an expression (one hash per distinct id)."""
+def split_group(task: Task) -> str:
+    """The key a task's split is drawn from: 'repo:file' for a synthesized task, else its instance id."""
+    provenance = json.loads(task.provenance or "{}")
+    if task.source == "synth":
+        if not provenance.get("file"):
+            raise ValueError(f"task {task.instance_id}: synthesized, but its provenance names no 'file' (the "
+                             "module its bug is in, which decides its split); synthesize it again")
+        return f"{task.repo}:{provenance['file']}"
+    return task.instance_id
+
+
+def split_groups(tasks: Iterable[Task]) -> dict[str, str]:
+    """{instance id: split group} of `tasks`."""
+    return {t.instance_id: split_group(t) for t in tasks}
+
+
+def combined_split_conflicts(tasks: Iterable[Task], test_fraction: float) -> list[str]:
+    """Each combined task whose split differs from a part's (provenance 'parts' are the parts'
+    'candidate_id'), as 'combined (split) vs part (split)'; a part not among `tasks` is not compared."""
+    tasks = list(tasks)
+    split = {t.instance_id: task_split(split_group(t), test_fraction) for t in tasks}
+    by_candidate = {p["candidate_id"]: t.instance_id for t, p in _provenances(tasks) if p.get("candidate_id")}
+    return [f"{t.instance_id} ({split[t.instance_id]}) vs {by_candidate[c]} ({split[by_candidate[c]]})"
+            for t, p in _provenances(tasks) for c in p.get("parts", ())
+            if c in by_candidate and split[by_candidate[c]] != split[t.instance_id]]
+
+
+def _provenances(tasks: list[Task]) -> list[tuple[Task, dict]]:
+    return [(t, json.loads(t.provenance or "{}")) for t in tasks]
+
+
+def split_column(instance_ids: pl.Expr | str, test_fraction: float,
+                 groups: Mapping[str, str] | None = None) -> pl.Expr:
+    """The split of each row's task, as an expression (one hash per distinct id); `groups` maps an
+    instance id to its split group (`split_groups`), an id it lacks is its own group."""
     expr = pl.col(instance_ids) if isinstance(instance_ids, str) else instance_ids
-    return expr.map_batches(lambda ids: _splits(ids, test_fraction), return_dtype=pl.String)
+    return expr.map_batches(lambda ids: _splits(ids, test_fraction, groups or {}), return_dtype=pl.String)
 
 
-def _splits(ids: pl.Series, test_fraction: float) -> pl.Series:
+def _splits(ids: pl.Series, test_fraction: float, groups: Mapping[str, str]) -> pl.Series:
     unique = ids.unique().to_list()
-    return ids.replace_strict(unique, [task_split(i, test_fraction) for i in unique], return_dtype=pl.String)
+    splits = [task_split(groups.get(i, i), test_fraction) for i in unique]
+    return ids.replace_strict(unique, splits, return_dtype=pl.String)
 
 
 def canonical(messages: pl.Expr) -> pl.Expr:
