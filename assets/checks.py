@@ -1,13 +1,15 @@
 """Blocking asset checks where bad data must not flow on, evaluated inside the asset that makes the data.
 
 - `tasks`: a sample of stored tasks re-validated in fresh sandboxes (the gold patch resolves, the empty
-  patch does not).
+  patch does not); a sample of task sandboxes searched, as the agent's user and as root, for the code the
+  bug replaced (it must be nowhere the agent could read it).
 - each rollout batch: the stored file reads back at the current trajectory schema version; a sample of
   stored rewards is reproduced by re-grading their patches; no attempt whose last test run passed lost
   its patch; the infrastructure-error rate stays under `rollout.max_infra_error_rate`.
 A failed check stops everything downstream of the asset for that run.
 """
 
+import json
 import random
 from pathlib import Path
 
@@ -67,3 +69,19 @@ def task_check(tasks: list[Task], sample: int, seed: int = 0) -> dg.AssetCheckRe
     return dg.AssetCheckResult(check_name="tasks_validate", passed=not failed, metadata={
         "checked": len(picked), "failed": len(failed),
         "failures": "\n".join(f"{r.item}: {r.reason[:200]}" for r in failed) or "(none)"})
+
+
+ANSWER_CHECK = dg.AssetCheckSpec("tasks_answer_hidden", asset="tasks", blocking=True,
+                                 description="A sample of task sandboxes, started as an agent gets them, searched "
+                                             "as the agent's user and as root (files, git objects, archives, "
+                                             "bytecode) for the code the bug replaced: found nowhere.")
+
+
+def answer_check(tasks: list[Task], sample: int, seed: int = 0) -> dg.AssetCheckResult:
+    """Search up to `sample` task sandboxes (seeded pick) for the original code; fails naming task and path."""
+    from pipeline.tasks.answer_search import search_tasks
+
+    found, stats = search_tasks(tasks, sample, seed)
+    return dg.AssetCheckResult(check_name="tasks_answer_hidden", passed=not found, metadata={
+        "searched": len(stats), "found": len(found), "search": json.dumps(stats),
+        "where": "\n".join(f"{f.task}: {f.path} ({f.how}, readable by {f.user})" for f in found) or "(nowhere)"})

@@ -6,7 +6,7 @@ import json
 
 import dagster as dg
 
-from assets.checks import TASK_CHECK, task_check
+from assets.checks import ANSWER_CHECK, TASK_CHECK, answer_check, task_check
 from assets.resources import Credentials, HandholdSettings
 from pipeline.guidance.rescue import teacher_client
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
@@ -89,7 +89,8 @@ def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int) ->
     return list(by_id.values()), rejects, validated
 
 
-@dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images], check_specs=[TASK_CHECK])
+@dg.asset(group_name="environments", kinds={"parquet"}, deps=[environment_images],
+          check_specs=[TASK_CHECK, ANSWER_CHECK])
 def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
           credentials: Credentials) -> dg.MaterializeResult:
     """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
@@ -111,5 +112,5 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     return dg.MaterializeResult(metadata={
         "path": str(path), "tasks": len(all_tasks), "dataset_tasks": len(checked), "dataset_rows_validated": validated,
         "rejected": len(rejects), "synth_seconds": stats["seconds"],
-        "per_package": stats["per_package"], "per_kind": stats["per_kind"],
-    }, check_results=[task_check(all_tasks, config.recheck_tasks)])
+        "per_package": stats["per_package"], "per_kind": stats["per_kind"], "copies_removed": stats["removed"],
+    }, check_results=[task_check(all_tasks, config.recheck_tasks), answer_check(all_tasks, config.recheck_tasks)])

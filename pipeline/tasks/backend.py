@@ -38,7 +38,11 @@ def build_system(root: Path) -> tuple[list[str], str, list[str]]:
     """(requires, backend, backend-path) of the sdist's [build-system], with PEP 517's defaults."""
     table: dict = {}
     if (root / "pyproject.toml").is_file():
-        table = tomllib.loads((root / "pyproject.toml").read_text(errors="replace")).get("build-system", {})
+        try:
+            table = tomllib.loads((root / "pyproject.toml").read_text(errors="replace")).get("build-system", {})
+        except tomllib.TOMLDecodeError as exc:  # pip cannot build it either: the package is set aside
+            raise BackendError(f"its pyproject.toml is not valid TOML ({exc}), so no build backend can be read "
+                               f"from it ({root / 'pyproject.toml'}); pin another version of the package") from exc
     requires = table.get("requires") or ["setuptools>=40.8.0", "wheel"]
     return list(requires), table.get("build-backend") or LEGACY_BACKEND, list(table.get("backend-path") or [])
 

@@ -21,6 +21,16 @@ GIT_ENV = ("GIT_AUTHOR_NAME=developer GIT_AUTHOR_EMAIL=developer@localhost "
            "GIT_AUTHOR_DATE=2000-01-01T00:00:00+0000 GIT_COMMITTER_NAME=developer "
            "GIT_COMMITTER_EMAIL=developer@localhost GIT_COMMITTER_DATE=2000-01-01T00:00:00+0000")
 IGNORED = "*.egg-info/\n__pycache__/\n*.pyc\n.pytest_cache/\n"
+# Bytecode compiled before the bug was applied is the original's: never left where the agent looks.
+NO_BYTECODE = "find . -name .git -prune -o \\( -name __pycache__ -o -name '*.py[co]' \\) -prune -exec rm -rf {} +"
+# Everything git keeps besides the task's commit and its history: other branches and tags (a later release
+# holds the fix), stashes, reflogs, ORIG_HEAD and the like, and objects no ref reaches (a dangling commit).
+GIT_CLEANUP = (
+    "keep=$(git symbolic-ref -q HEAD || echo HEAD); "
+    "git for-each-ref --format='%(refname)' | grep -vxF \"$keep\" | while read -r ref; do git update-ref -d \"$ref\"; done; "
+    "rm -rf .git/logs .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/lost-found "
+    ".git/rr-cache .git/refs/original && git worktree prune && git reflog expire --expire=now --all "
+    "&& git gc -q --prune=now && git rev-parse HEAD")
 
 
 def prepare(sandbox: Sandbox, task: Task) -> str:
@@ -44,13 +54,14 @@ def pristine(sandbox: Sandbox) -> str:
 
 def _commit(sandbox: Sandbox, task: Task) -> str:
     if not task.setup_patch:
+        _only_reachable(sandbox, task)
         sandbox.base_commit = task.base_commit or sandbox.base_commit
         return sandbox.base_commit or ""
     scratch = sandbox.scratch
     sandbox.write_file(f"{scratch}/setup.patch", task.setup_patch)
     script = (
         f"cd {shlex.quote(sandbox.workdir)} && git apply --whitespace=nowarn {scratch}/setup.patch && rm -f {scratch}/setup.patch"
-        f" && rm -rf .git && git init -q && printf '{IGNORED}' >> .git/info/exclude"
+        f" && {NO_BYTECODE} && rm -rf .git && git init -q && printf '{IGNORED}' >> .git/info/exclude"
         f" && git add -A && env {GIT_ENV} git commit -q -m 'Initial commit' && git rev-parse HEAD"
     )
     result = sandbox.run(script, timeout=120)
@@ -64,6 +75,16 @@ def _commit(sandbox: Sandbox, task: Task) -> str:
                            "rebuild the tasks")
     sandbox.base_commit = head
     return head
+
+
+def _only_reachable(sandbox: Sandbox, task: Task) -> None:
+    """Drop every git ref, reflog, stash and object the task's commit does not reach (a repository the
+    image brought, such as a dataset's clone whose later commits hold the fix)."""
+    script = f"cd {shlex.quote(sandbox.workdir)} && if test -d .git; then {GIT_CLEANUP}; fi"
+    result = sandbox.run(script, timeout=600)
+    if result.exit_code != 0:
+        raise SandboxError(f"task {task.instance_id}: removing git history the task's commit does not reach "
+                           f"failed (exit {result.exit_code}): {result.output[-1500:]}")
 
 
 @contextlib.contextmanager

@@ -9,8 +9,9 @@ discovered from the unpacked sdist (pipeline/tasks/discover.py) and the build ba
 (pipeline/tasks/backend.py).
 
 The image holds the pristine source at `/testbed` (no .git, no sdist, no wheel, no pip
-cache, no bytecode) installed in editable mode with its dependencies and test requirements,
-all from wheels built on the host so nothing in the container needs the network.
+cache, no bytecode, no build tree: nothing `pipeline/tasks/copies.py` lists) installed in editable
+mode with its dependencies and test requirements, all from wheels built on the host so nothing in
+the container needs the network.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +35,14 @@ from typing import Mapping
 import docker
 
 from pipeline.tasks.backend import BackendError, editable_requirements
+from pipeline.tasks.copies import BUILD_OUTPUTS, hidden_copies
 from pipeline.tasks.discover import PYTEST, discover
 from sandbox.images import LABEL, SANDBOX_USER, build_from_dockerfile, image_exists
 
 log = logging.getLogger(__name__)
 
 WORKDIR = "/testbed"
+IMAGE_RULES = 2  # raised when what the image leaves out changes: images built before are rebuilt
 OVERRIDES = ("test_paths", "source_globs", "test_requirements", "test_command")
 
 
@@ -266,20 +270,26 @@ def _wheels(spec: PackageSpec, root: Path, cache: Path) -> Path:
     if (wheels / ".complete").exists():
         return wheels
     wheels.mkdir(parents=True, exist_ok=True)
-    _pip("wheels", spec.key, "wheel", "-q", "-w", str(wheels), *reqs, str(root),
-         fix="set test_requirements=<requirements> in the package entry to ones that install")
+    # pip builds a local folder in place: on `root` itself, setuptools would leave build/lib (a copy of the
+    # pristine source) in the tree the image is made from
+    with tempfile.TemporaryDirectory(prefix="handhold-wheel-") as tmp:
+        copy = Path(tmp) / root.name
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
+        _pip("wheels", spec.key, "wheel", "-q", "-w", str(wheels), *reqs, str(copy),
+             fix="set test_requirements=<requirements> in the package entry to ones that install")
     (wheels / ".complete").touch()
     return wheels
 
 
 def image_tag(spec: PackageSpec, base_image_id: str) -> str:
     """Named by what the image holds: the Dockerfile (version, requirements, install) and the base image."""
-    digest = hashlib.sha256(repr((dockerfile("", spec), base_image_id)).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(repr((dockerfile("", spec), base_image_id, IMAGE_RULES)).encode()).hexdigest()[:10]
     return f"handhold/env-{_norm(spec.name)}:{spec.version}-{digest}"
 
 
 def dockerfile(base: str, spec: PackageSpec) -> str:
     reqs = " ".join(shlex.quote(r) for r in [*(spec.build_requirements or ()), *(spec.test_requirements or ())])
+    built = " ".join(f"build/{p}" for p in BUILD_OUTPUTS)  # what an editable install may build in the tree
     return f"""FROM {base}
 USER root
 COPY wheels /tmp/wheels
@@ -288,6 +298,7 @@ RUN pip install -q --no-index --find-links /tmp/wheels {reqs} \\
  && pip install -q --no-index --find-links /tmp/wheels --no-build-isolation --use-pep517 -e {WORKDIR} \\
  && rm -rf /tmp/wheels /root/.cache /home/{SANDBOX_USER}/.cache \\
  && find {WORKDIR} -name __pycache__ -prune -exec rm -rf {{}} + \\
+ && (cd {WORKDIR} && test -e build/__init__.py || rm -rf {built}; rmdir build 2>/dev/null; true) \\
  && chown -R {SANDBOX_USER} {WORKDIR}
 WORKDIR {WORKDIR}
 USER {SANDBOX_USER}
@@ -305,7 +316,7 @@ def build_environment_image(spec: PackageSpec, base_image: str, cache: Path, cli
     wheels = _wheels(spec, root, cache)
     src = cache / "ctx" / spec.key
     shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+    shutil.copytree(root, src, ignore=_leaving_out(root, hidden_copies(root, spec.source_globs or ())))
     try:
         build_from_dockerfile(client, dockerfile(base_image, spec), tag, files={"wheels": str(wheels), "src": str(src)})
     except RuntimeError as exc:
@@ -317,6 +328,15 @@ def build_environment_image(spec: PackageSpec, base_image: str, cache: Path, cli
         shutil.rmtree(src, ignore_errors=True)
     log.info("built %s", tag)
     return tag
+
+
+def _leaving_out(root: Path, rel_paths: list[str]):
+    """A copytree `ignore` that skips .git and these paths of `root`."""
+    skip = {str(root / r) for r in rel_paths}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if n == ".git" and Path(folder) == root or f"{folder}/{n}" in skip}
+    return ignore
 
 
 def test_command(spec: PackageSpec) -> str:

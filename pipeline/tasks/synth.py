@@ -28,6 +28,7 @@ from pipeline.grading import GRADER_VERSION
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks import combine as combined
+from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.difficulty import difficulty, summary, task_difficulty
 from pipeline.tasks.issue_writer import written_statement
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
@@ -103,6 +104,9 @@ class SynthReport:
     seconds: float = 0.0
     difficulty: list[tuple[str, str, dict]] = field(default_factory=list)
     """(package, kind, difficulty record) of every task returned, cached ones included."""
+    removed: dict[str, list[str]] = field(default_factory=dict)
+    """Per package, the copies of its source its image leaves out (build trees, dists, backups, bytecode:
+    pipeline/tasks/copies.py), as paths in the unpacked sdist."""
 
     def count(self, package: str, kind: str, stage: str, n: int = 1) -> None:
         with _COUNT_LOCK:
@@ -119,7 +123,7 @@ class SynthReport:
         for package, kind, record in self.difficulty:
             by_package.setdefault(package, []).append(record)
             by_kind.setdefault(kind, []).append(record)
-        return {"per_package": {k: dict(v) for k, v in self.per_package.items()},
+        return {"per_package": {k: dict(v) for k, v in self.per_package.items()}, "removed": self.removed,
                 "per_kind": {k: dict(v) for k, v in sorted(self.per_kind.items())},
                 "rejects": len(self.rejects), "seconds": round(self.seconds, 1),
                 "difficulty": {"all": summary([r for _, _, r in self.difficulty]),
@@ -334,6 +338,8 @@ def _parts_kept(spec: PackageSpec, tasks: list[Task], report: SynthReport) -> li
 
 def _package_tasks(spec, base_image, cache, config, report, client, writer, rewriter) -> list[Task]:
     image = build_environment_image(spec, base_image, cache, client)
+    report.removed[spec.key] = hidden_copies(fetch_source(spec, cache), spec.source_globs or ())
+    report.note(spec.key, "copies_removed", len(report.removed[spec.key]))
     cached = _cache_file(spec, image, config, cache, writer, rewriter)
     if cached.exists():
         report.per_package.setdefault(spec.key, Counter())["cached"] = 1
