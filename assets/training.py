@@ -210,13 +210,15 @@ def evaluation_policy(label: str, path: str, evaluation, credentials: Credential
 def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
     """Unguided pass@1 of each trained checkpoint next to the starting model, on the held-out test tasks,
-    through the same Docker sandboxes and grader as every rollout."""
-    from pipeline.evaluation import evaluate, evaluation_rollouts, held_out_tasks
+    through the same Docker sandboxes and grader as every rollout; each model's identity beside its numbers."""
+    from pipeline.evaluation import (INTERVAL, evaluate, evaluation_rollouts, held_out_tasks, model_identity,
+                                     per_task_table, results_table, task_batch)
 
     config = settings.resolved()
     evaluation = config.training.evaluation
     if not evaluation.enabled:
         return dg.MaterializeResult(metadata={"skipped": "training.evaluation.enabled is false"})
+    rollout = evaluation_rollouts(config.rollout, evaluation)  # refuses several greedy attempts before any run
     tasks = [Task.from_row(r) for r in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA,
                                                    produced_by="tasks")]
     held_out = held_out_tasks(tasks, config.datasets.test_fraction, evaluation.tasks)
@@ -230,18 +232,24 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
         checkpoint = run_dir(settings, context, stage) / "checkpoint"
         if getattr(config.training, stage).enabled and checkpoint.exists():
             models[stage] = str(checkpoint)
-    batch, rollout = settings.batch_name(context), evaluation_rollouts(config.rollout, evaluation)
+    batch = settings.batch_name(context)
     results = []
     for label, path in models.items():
         policy = evaluation_policy(label, path, evaluation, credentials)
-        results.append(evaluate(label, policy, held_out, rollout, settings.path("evaluation", batch, label), batch,
-                                progress=context.log.info))
-    settings.path("evaluation", batch, "pass_at_1.json").write_text(json.dumps(results, indent=2))
-    columns = ["model", "tasks", "attempts", "resolved", "pass@1", "ci95_low", "ci95_high", "infra_errors"]
-    table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
+        result = evaluate(label, policy, held_out, rollout, settings.path("evaluation", batch, label), batch,
+                          progress=context.log.info)
+        identity = model_identity(path)  # after the run: a Hub model is in the cache by now
+        served = {"served_at": evaluation.base_url} if evaluation.base_url else {}  # what it serves is its word
+        results.append({"model": label, "identity": {**identity, **served}, **result})
+    report = {"tasks": task_batch(held_out), "test_fraction": config.datasets.test_fraction,
+              "attempts_per_task": evaluation.attempts, "temperature": evaluation.temperature,
+              "interval": INTERVAL, "results": results}
+    out = settings.path("evaluation", batch, "pass_at_1.json")
+    out.write_text(json.dumps(report, indent=2))
     return dg.MaterializeResult(metadata={
-        "held_out_tasks": len(held_out), "attempts_per_task": evaluation.attempts,
+        "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"],
+        "attempts_per_task": evaluation.attempts, "interval": INTERVAL,
         **{f"pass@1/{r['model']}": r["pass@1"] for r in results},
-        "results": dg.MetadataValue.md("\n".join(table)),
-        "path": dg.MetadataValue.path(str(settings.path("evaluation", batch, "pass_at_1.json")))})
+        "results": dg.MetadataValue.md(results_table(results)),
+        "per_task": dg.MetadataValue.md(per_task_table(results)), "path": dg.MetadataValue.path(str(out))})
+
