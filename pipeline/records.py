@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 STR, INT, FLOAT, BOOL, STRS = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.list_(pa.string())
+TURN_IDS = pa.list_(pa.list_(pa.int32()))  # (assistant turns, tokens); a turn's list null when it has none
 
 
 def record_schema(fields: list[pa.Field], version: str, record: str) -> pa.Schema:
@@ -135,12 +136,15 @@ class Message:
     tool_calls: str | None
     """JSON list of OpenAI tool calls, or None."""
     tool_call_id: str | None
+    reasoning_content: str | None = None
+    """The model's reasoning as the server returned it apart from `content` (vLLM's reasoning parser,
+    Anthropic's thinking blocks); chat templates that show reasoning (Qwen3) render this key."""
 
     @classmethod
     def from_openai(cls, message: dict) -> "Message":
         calls = message.get("tool_calls")
         return cls(message["role"], message.get("content"), json.dumps(calls) if calls else None,
-                   message.get("tool_call_id"))
+                   message.get("tool_call_id"), message.get("reasoning_content"))
 
     def to_openai(self) -> dict:
         """The OpenAI chat message: absent keys stay absent."""
@@ -149,13 +153,16 @@ class Message:
             message["tool_calls"] = json.loads(self.tool_calls)
         if self.tool_call_id:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 
 MESSAGE_FIELDS = columns(("role", STR), ("content", STR), ("tool_calls", STR), ("tool_call_id", STR),
-                         nullable=("content", "tool_calls", "tool_call_id"))
+                         ("reasoning_content", STR),
+                         nullable=("content", "tool_calls", "tool_call_id", "reasoning_content"))
 MESSAGE_TYPE = pa.struct(MESSAGE_FIELDS)
-MESSAGE_SCHEMA = record_schema(MESSAGE_FIELDS, "1", "Message")
+MESSAGE_SCHEMA = record_schema(MESSAGE_FIELDS, "2", "Message")
 
 
 @dataclass(frozen=True)
@@ -290,7 +297,7 @@ GUIDANCE_PLAN_SCHEMA = record_schema(columns(
 ), "2", "GuidancePlan")
 
 
-TRAJECTORY_SCHEMA_VERSION = "2"
+TRAJECTORY_SCHEMA_VERSION = "3"  # 3: reasoning in messages, per-turn token ids, the policy's identity
 MESSAGE_COLUMNS = ("prompt", "unguided_prompt", "messages")
 
 
@@ -355,6 +362,16 @@ class Trajectory:
     quotes_guidance: bool
     """The response quotes the guidance text (n-gram overlap above the threshold)."""
     created_at: str
+    prompt_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
+    """Per assistant turn, the token ids the policy was given (None for a turn without); None when no turn had any."""
+    token_ids: tuple[tuple[int, ...] | None, ...] | None = None
+    """Per assistant turn, the ids it sampled, aligned one to one with that turn's `logprobs`."""
+    policy_model: str = ""
+    """The model's name as loaded or served ('' when the policy is no model)."""
+    policy_revision: str = ""
+    """Hub commit or 'sha256:<hex>' of the weights that sampled the turns; '' when unknown."""
+    chat_template_hash: str = ""
+    """sha256 of the chat template that rendered the turns' prompts; '' when unknown."""
 
     def to_row(self) -> dict[str, Any]:
         row = dataclasses.asdict(self)
@@ -369,8 +386,9 @@ class Trajectory:
             values[name] = [Message(**m).to_openai() for m in row[name]]
         values["steps"] = [Step(**s) for s in row["steps"]]
         values["guidance_actions"] = [Action(**a) for a in row["guidance_actions"]]
-        if row["logprobs"] is not None:
-            values["logprobs"] = tuple(tuple(lp) if lp is not None else None for lp in row["logprobs"])
+        for name in ("logprobs", "prompt_token_ids", "token_ids"):
+            if row[name] is not None:
+                values[name] = tuple(tuple(turn) if turn is not None else None for turn in row[name])
         return _flat(cls, values)
 
 
@@ -385,6 +403,7 @@ TRAJECTORY_SCHEMA = record_schema(columns(
     ("test_log", STR), ("dropped_files", STRS), ("enforcement", STRS), ("suspicious", STRS),
     ("exit_status", STR), ("infra_error", STR), ("error", STR), ("infra_retries", INT), ("format_errors", INT),
     ("total_tokens", INT), ("wall_time", FLOAT), ("grade_time", FLOAT), ("quotes_guidance", BOOL),
-    ("created_at", STR),
-    nullable=("logprobs",),
+    ("created_at", STR), ("prompt_token_ids", TURN_IDS), ("token_ids", TURN_IDS), ("policy_model", STR),
+    ("policy_revision", STR), ("chat_template_hash", STR),
+    nullable=("logprobs", "prompt_token_ids", "token_ids"),
 ), TRAJECTORY_SCHEMA_VERSION, "Trajectory")

@@ -12,7 +12,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import re
 import threading
 import time
 import traceback
@@ -28,6 +27,7 @@ import pyarrow as pa
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy
 from pipeline.grading import Grade, grade
+from pipeline.guidance.references import quotes_guidance
 # Guidance, read_batch and compact live in records and store; they stay importable from here.
 from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
@@ -125,7 +125,25 @@ class BatchSummary:
             "attempts_per_minute": round(self.ran / self.seconds * 60, 2) if self.seconds else 0.0,
             "share_grading": round(sum(t.grade_time for t in self.trajectories) / wall, 3),
             "share_agent_tools": round(tool / wall, 3),
+            **token_id_coverage(self.trajectories),
         }
+
+
+def token_id_coverage(trajectories: list[Trajectory]) -> dict:
+    """Model turns stored with and without token ids, and once, why some have none."""
+    with_ids = without = 0
+    reasons: dict[str, int] = {}
+    for t in trajectories:
+        turns = sum(m["role"] == "assistant" for m in t.messages)
+        stored = sum(ids is not None for ids in t.token_ids or ())
+        with_ids, without = with_ids + stored, without + turns - stored
+        if turns > stored:
+            why = json.loads(t.policy_settings or "{}").get("token_ids_missing") or "it records no token ids"
+            reasons[f"{t.policy}: {why}"] = reasons.get(f"{t.policy}: {why}", 0) + turns - stored
+    out = {"turns_with_token_ids": with_ids, "turns_without_token_ids": without}
+    if reasons:
+        out["token_ids_missing"] = "; ".join(f"{why} ({n} turns)" for why, n in reasons.items())
+    return out
 
 
 def _rate(trajectories: list[Trajectory]) -> float:
@@ -191,6 +209,7 @@ def _store(out_dir: Path, traj: Trajectory) -> Trajectory:
     except (pa.ArrowException, TypeError, ValueError) as exc:  # e.g. a malformed message from a server
         log.exception("%s #%d: the attempt cannot be stored", traj.instance_id, traj.sample_index)
         bare = dataclasses.replace(traj, prompt=(), unguided_prompt=(), messages=(), steps=(), logprobs=None,
+                                   prompt_token_ids=None, token_ids=None,
                                    tools="[]", reward=0.0, resolved=False, exit_status=CRASHED,
                                    infra_error=crash_text(exc), error="".join(traceback.format_exception(exc)))
         write_rows(path, [bare.to_row()], TRAJECTORY_SCHEMA)
@@ -300,7 +319,7 @@ def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None,
         guidance_kind=g.kind, guidance_text=g.text, guidance_actions=g.actions, guidance_k=g.k, teacher=g.teacher,
         prompt=a.prompt if a else (), unguided_prompt=a.unguided_prompt if a else (),
         messages=a.messages if a else (), tools=json.dumps(list(a.tools) if a else []),
-        steps=a.steps if a else (), logprobs=_logprobs(a), patch=a.patch if a else "",
+        steps=a.steps if a else (), logprobs=_per_turn(a, "logprobs"), patch=a.patch if a else "",
         reward=v.reward if v and not infra else 0.0, resolved=bool(v and v.resolved and not infra),
         grade_reason=v.reason if v else "", report=v.report if v else "{}", test_log=v.log[-LOG_TAIL:] if v else "",
         dropped_files=v.dropped_files if v else (), enforcement=v.enforcement if v else (),
@@ -310,22 +329,16 @@ def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None,
         grade_time=v.duration if v else 0.0,
         quotes_guidance=bool(a and g.text and quotes_guidance(a.messages, g.text, quote_ngram)),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        prompt_token_ids=_per_turn(a, "prompt_token_ids"), token_ids=_per_turn(a, "token_ids"),
+        policy_model=a.identity.model if a and a.identity else "",
+        policy_revision=a.identity.revision if a and a.identity else "",
+        chat_template_hash=a.identity.chat_template_hash if a and a.identity else "",
     )
 
 
-def _logprobs(attempt: Attempt | None):
-    if attempt is None or attempt.logprobs is None:
+def _per_turn(attempt: Attempt | None, name: str):
+    """One of the attempt's per-turn token columns (log-probs, prompt or sampled ids) as tuples; None without."""
+    values = getattr(attempt, name) if attempt is not None else None
+    if values is None:
         return None
-    return tuple(tuple(lp) if lp is not None else None for lp in attempt.logprobs)
-
-
-def quotes_guidance(messages: tuple[dict, ...], hint: str, n: int = 8) -> bool:
-    """True when the assistant's own text shares a run of n words with the hint."""
-    grams = _ngrams(hint, n)
-    said = " ".join(str(m.get("content") or "") for m in messages if m["role"] == "assistant")
-    return bool(grams & _ngrams(said, n))
-
-
-def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
-    words = re.findall(r"\w+", text.lower())
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+    return tuple(tuple(turn) if turn is not None else None for turn in values)

@@ -273,6 +273,33 @@ def test_tiny_local_model_runs_an_attempt_with_logprobs(tmp_path, sandbox, task)
     turns = [m for m in attempt.messages if m["role"] == "assistant"]
     assert len(attempt.logprobs) == len(turns) == len(attempt.steps) >= 1
     assert all(lp and all(value <= 0 for value in lp) for lp in attempt.logprobs)
+    assert [len(ids) for ids in attempt.token_ids] == [len(lp) for lp in attempt.logprobs]
+    first, second = attempt.prompt_token_ids[:2]
+    assert second[:len(first)] == first  # turn 2's context holds turn 1's, then turn 1 re-rendered from its text,
+    # which need not be the ids it sampled: why each turn's own context is stored
+    assert attempt.identity == policy.identity and attempt.identity.revision.startswith("sha256:")
+    stored = to_stored_trajectory(attempt, policy, tmp_path)
+    assert stored.token_ids == attempt.token_ids and stored.prompt_token_ids == attempt.prompt_token_ids
+    assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip(stored.logprobs, attempt.logprobs))  # float32 on disk
+    assert (stored.policy_model, stored.policy_revision, stored.chat_template_hash) == (
+        policy.identity.model, policy.identity.revision, policy.identity.chat_template_hash)
+
+
+def to_stored_trajectory(attempt, policy, tmp_path):
+    """The attempt through `to_trajectory`, a Parquet file and back."""
+    from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
+    from pipeline.rollouts import NO_GUIDANCE, Job, to_trajectory, token_id_coverage
+    from pipeline.store import read_records, write_rows
+
+    task = Task(instance_id="calc-1", repo="demo/calc", base_commit="", patch="", test_patch="", problem_statement="",
+                FAIL_TO_PASS=(), PASS_TO_PASS=(), image="", workdir="", test_cmd="", log_parser="", source="synth")
+
+    traj = to_trajectory(Job(task, 0, 0, NO_GUIDANCE, "g", "r"), policy, "b", attempt, None, "", 0)
+    path = write_rows(tmp_path / "t.parquet", [traj.to_row()], TRAJECTORY_SCHEMA)
+    (stored,) = [Trajectory.from_row(r) for r in read_records(path, TRAJECTORY_SCHEMA)]
+    turns = len(attempt.token_ids)
+    assert token_id_coverage([stored]) == {"turns_with_token_ids": turns, "turns_without_token_ids": 0}
+    return stored
 
 
 def test_breaking_the_repository_is_the_attempts_fault(sandbox, task):

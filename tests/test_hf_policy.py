@@ -110,3 +110,28 @@ def test_hermes_tool_calls_are_parsed_from_text():
     (call,) = message["tool_calls"]
     assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"]) == {"cmd": "ls -la"}
     assert parse_tool_calls("plain") == {"role": "assistant", "content": "plain"}
+
+
+def test_act_stores_the_ids_it_was_given_and_sampled_and_their_logprobs_are_the_models(tiny):
+    import torch
+
+    from pipeline.agent.identity import template_hash, weights_revision
+
+    hf = policy(tiny, max_new_tokens=6)
+    turn = hf.act(CHAT, [], seed=3)
+    rendered = hf.tokenizer.apply_chat_template(template_messages(CHAT), tokenize=False, add_generation_prompt=True)
+    assert turn.prompt_ids == tuple(hf.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert len(turn.token_ids) == len(turn.logprobs) == turn.usage.completion_tokens
+    ids = torch.tensor([turn.prompt_ids + turn.token_ids])
+    with torch.no_grad():
+        logps = torch.log_softmax(hf.model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    assert logps[len(turn.prompt_ids) - 1:].tolist() == pytest.approx(list(turn.logprobs), abs=1e-5)
+    assert turn.identity.revision == weights_revision(tiny) and turn.identity.revision.startswith("sha256:")
+    assert turn.identity.chat_template_hash == template_hash(CHAT_TEMPLATE) and turn.identity.model == str(tiny)
+
+
+def test_reasoning_is_split_off_as_qwen3_templates_split_it():
+    from pipeline.agent.hf_policy import split_reasoning
+
+    assert split_reasoning("<think>\nadd subtracts\n</think>\n\nFixing.") == ("add subtracts", "Fixing.")
+    assert split_reasoning("Fixing.") == (None, "Fixing.")

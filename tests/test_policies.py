@@ -244,3 +244,106 @@ def test_anthropic_receives_converted_history_over_http():
         {"role": "user", "content": [{"type": "text", "text": "More."}]}]
     assert request["tools"] == [{"name": "bash", "description": "Run a shell command.",
                                  "input_schema": BASH["function"]["parameters"]}]
+
+
+class VLLMServer(OpenAIServer):
+    """The loopback OpenAI server plus what vLLM (>= 0.10.2) adds when asked: `prompt_token_ids` on the
+    response, `token_ids` on the choice (one per made-up token), `reasoning_content` on the message, and
+    log-prob tokens named 'token_id:<id>' under `return_tokens_as_token_ids`."""
+
+    def __init__(self, script, *, reasoning: str | None = None, ids: bool = True, **options):
+        super().__init__(script, **options)
+        self.reasoning, self.ids = reasoning, ids
+
+    def answer(self, path, body, headers):
+        status, payload = super().answer(path, body, headers)
+        if status != 200:
+            return status, payload
+        choice = payload["choices"][0]
+        count = payload["usage"]["completion_tokens"]
+        if self.reasoning is not None:
+            choice["message"]["reasoning_content"] = self.reasoning
+        if self.ids and body.get("return_token_ids"):
+            payload["prompt_token_ids"] = list(range(100, 100 + payload["usage"]["prompt_tokens"]))
+            choice["token_ids"] = list(range(7, 7 + count))
+        if body.get("return_tokens_as_token_ids") and choice["logprobs"]:
+            for i, token in enumerate(choice["logprobs"]["content"]):
+                token["token"] = f"token_id:{7 + i}"
+        return status, payload
+
+
+def test_openai_asks_vllm_for_token_ids_and_stores_them_aligned_with_logprobs():
+    server = VLLMServer([Reply("a b c", logprobs=(-0.5, -1.5, -0.125))], reasoning="The bug is in add.")
+    with server as base_url:
+        policy = openai_policy(base_url, request_logprobs=True)
+        turn = policy.act(CHAT, [])
+    request = server.requests[0]
+    assert request["return_token_ids"] is True and request["return_tokens_as_token_ids"] is True
+    assert turn.token_ids == (7, 8, 9) and turn.logprobs == (-0.5, -1.5, -0.125)
+    assert turn.prompt_ids == tuple(range(100, 100 + turn.usage.prompt_tokens))
+    assert turn.message == {"role": "assistant", "content": "a b c", "reasoning_content": "The bug is in add."}
+    assert turn.identity.model == "Qwen2.5-7B" and turn.identity.revision == ""  # no local copy named
+    assert policy.settings()["token_ids_missing"] == ""
+
+
+def test_openai_without_token_ids_stores_none_and_says_why_once():
+    server = VLLMServer(["a b", "c"], ids=False)
+    with server as base_url:
+        policy = openai_policy(base_url, request_logprobs=True)
+        turns = [policy.act(CHAT, []), policy.act(CHAT, [])]
+    assert all(t.token_ids is None and t.prompt_ids is None and t.logprobs for t in turns)
+    assert policy.settings()["token_ids_missing"] == (
+        f"openai:Qwen2.5-7B at {policy.config.base_url}: the server returned no prompt_token_ids/token_ids "
+        "(vLLM >= 0.10.2 returns them)")
+
+
+def test_openai_sampled_ids_from_token_id_names_when_token_ids_are_absent():
+    class NamesOnly(VLLMServer):
+        def answer(self, path, body, headers):
+            status, payload = super().answer(path, body, headers)
+            payload["choices"][0].pop("token_ids", None)
+            return status, payload
+
+    with NamesOnly([Reply("x y", logprobs=(-1.0, -2.0))]) as base_url:
+        turn = openai_policy(base_url, request_logprobs=True).act(CHAT, [])
+    assert turn.token_ids == (7, 8) and turn.prompt_ids is not None
+
+
+def test_openai_drops_token_ids_for_good_when_the_server_rejects_them():
+    def strict(request: dict) -> Reply:
+        if request.get("return_token_ids"):
+            return Reply(status=400, error="Unrecognized request argument supplied: return_token_ids")
+        return Reply(text="fine")
+
+    server = OpenAIServer(strict)
+    with server as base_url:
+        policy = openai_policy(base_url, request_logprobs=True, max_retries=0)
+        first, second = policy.act(CHAT, []), policy.act(CHAT, [])
+    assert first.logprobs == second.logprobs == (DEFAULT_LOGPROB,) and first.token_ids is None
+    assert [("return_token_ids" in r, r.get("logprobs")) for r in server.requests] == [
+        (True, True), (False, True), (False, True)]
+    assert "refused return_token_ids" in policy.settings()["token_ids_missing"]
+
+
+def test_openai_identity_from_a_local_copy_of_the_served_model(tmp_path):
+    from pipeline.agent.identity import template_hash, weights_revision
+    from training.tiny_model import CHAT_TEMPLATE, build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    with VLLMServer(["ok"]) as base_url:
+        turn = openai_policy(base_url, identity_model_path=str(tiny)).act(CHAT, [])
+    assert turn.identity.revision == weights_revision(tiny) and turn.identity.revision.startswith("sha256:")
+    assert turn.identity.chat_template_hash == template_hash(CHAT_TEMPLATE)
+
+
+def test_anthropic_thinking_is_kept_as_reasoning():
+    class Thinking(AnthropicServer):
+        def answer(self, path, body, headers):
+            status, payload = super().answer(path, body, headers)
+            payload["content"].insert(0, {"type": "thinking", "thinking": "add subtracts.", "signature": "sig"})
+            return status, payload
+
+    with Thinking(["Fixing."]) as base_url:
+        turn = anthropic_policy(base_url).act(CHAT, [])
+    assert turn.message == {"role": "assistant", "content": "Fixing.", "reasoning_content": "add subtracts."}
+    assert turn.identity.model == "claude-test" and turn.token_ids is None

@@ -18,7 +18,7 @@ from pipeline.store import RecordContractError, read_records, write_rows
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
 PROMPT = ({"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix `add` — ünïcode."})
-MESSAGES = PROMPT + ({"role": "assistant", "content": None, "tool_calls": [CALL]},
+MESSAGES = PROMPT + ({"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "ls first"},
                      {"role": "tool", "tool_call_id": "call_1", "content": "exit code: 0\nsrc"})
 ACTIONS = (Action("bash", '{"command": "ls"}'), Action("submit", "{}"))
 
@@ -35,7 +35,8 @@ TRAJECTORY = Trajectory(
     report='{"FAIL_TO_PASS": {}}', test_log="PASSED", dropped_files=("tests/conftest.py",),
     enforcement=("restored tests/test_a.py",), suspicious=("os._exit in pkg/a.py",), exit_status="submitted",
     infra_error="", error="", infra_retries=1, format_errors=2, total_tokens=26, wall_time=3.5, grade_time=1.5,
-    quotes_guidance=False, created_at="2026-11-30T00:00:00Z")
+    quotes_guidance=False, created_at="2026-11-30T00:00:00Z", prompt_token_ids=((5, 6, 7), None),
+    token_ids=((8, 9), None), policy_model="hf:tiny", policy_revision="sha256:ab", chat_template_hash="cd")
 
 RECORDS = [
     (TASK, TASK_SCHEMA),
@@ -48,7 +49,8 @@ RECORDS = [
                   accepted=False, reason="guidance copies the gold patch", actions=ACTIONS, K=2, k_star=1),
      GUIDANCE_PLAN_SCHEMA),
     (TRAJECTORY, TRAJECTORY_SCHEMA),
-    (dataclasses.replace(TRAJECTORY, logprobs=None, steps=(), guidance_actions=(), exit_status="crashed",
+    (dataclasses.replace(TRAJECTORY, logprobs=None, prompt_token_ids=None, token_ids=None, steps=(),
+                         guidance_actions=(), exit_status="crashed",
                          infra_error="crashed: RuntimeError: boom", error="Traceback ...\nRuntimeError: boom"),
      TRAJECTORY_SCHEMA),
 ]
@@ -86,7 +88,7 @@ def test_an_older_version_names_the_asset_to_rematerialize(tmp_path):
     write_rows(path, [TRAJECTORY.to_row()], older(TRAJECTORY_SCHEMA, "1"))
     with pytest.raises(RecordContractError) as info:
         read_records(path, TRAJECTORY_SCHEMA, produced_by="unguided_rollouts", batch="2026-11-30")
-    assert str(info.value) == (f"{path} holds Trajectory schema 1, this version reads 2: "
+    assert str(info.value) == (f"{path} holds Trajectory schema 1, this version reads 3: "
                                "rematerialize unguided_rollouts for batch 2026-11-30")
 
 
@@ -95,7 +97,7 @@ def test_another_record_kind_names_the_asset_to_rematerialize(tmp_path):
     write_rows(path, [TRAJECTORY.to_row()], TRAJECTORY_SCHEMA)
     with pytest.raises(RecordContractError) as info:
         read_records(path, GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch="b")
-    assert str(info.value) == (f"{path} holds Trajectory schema 2, this version reads GuidancePlan schema 2 there: "
+    assert str(info.value) == (f"{path} holds Trajectory schema 3, this version reads GuidancePlan schema 2 there: "
                                "rematerialize guidance for batch b")
 
 
@@ -129,6 +131,6 @@ def test_a_batch_stored_under_an_older_contract_is_set_aside_and_rerun(tmp_path)
     summary = run_batch([], None, RolloutConfig(), out, "u", progress=said.append)  # type: ignore[arg-type]
     (aside,) = out.glob("stale-*")
     assert [p.name for p in aside.iterdir()] == ["trajectories.parquet"]
-    assert said == [f"{out / 'trajectories.parquet'} holds Trajectory schema 1, this version reads 2: rewrite it "
+    assert said == [f"{out / 'trajectories.parquet'} holds Trajectory schema 1, this version reads 3: rewrite it "
                     f"with this version; moved its stored attempts to {aside} and running the whole batch"]
     assert summary.trajectories == [] and read_records(out / "trajectories.parquet", TRAJECTORY_SCHEMA) == []

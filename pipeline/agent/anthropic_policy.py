@@ -12,6 +12,7 @@ import anthropic
 
 from pipeline.agent.policy import (
     AssistantTurn,
+    PolicyIdentity,
     Usage,
     call_with_retries,
     header_seconds,
@@ -91,6 +92,7 @@ class AnthropicPolicy:
         )
         return AssistantTurn(
             message=to_openai_message(response.content),
+            identity=PolicyIdentity(response.model or self.config.model),
             usage=Usage(response.usage.input_tokens, response.usage.output_tokens),
             latency=time.monotonic() - start,
             finish_reason=FINISH_REASONS.get(response.stop_reason or "", response.stop_reason or ""),
@@ -164,8 +166,10 @@ def _arguments(arguments: str | dict | None) -> dict:
 
 
 def to_openai_message(content: list) -> dict:
-    """Anthropic content blocks → an OpenAI assistant message (thinking blocks dropped)."""
+    """Anthropic content blocks → an OpenAI assistant message; thinking blocks' text is its `reasoning_content`
+    (not sent back: the API rebuilds earlier turns' thinking itself from signed blocks this record does not keep)."""
     texts = [block.text for block in content if block.type == "text"]
+    thoughts = [block.thinking for block in content if block.type == "thinking"]
     tool_calls = [
         {"id": block.id, "type": "function",
          "function": {"name": block.name, "arguments": json.dumps(block.input)}}
@@ -174,6 +178,8 @@ def to_openai_message(content: list) -> dict:
     message: dict = {"role": "assistant", "content": "".join(texts) if texts or not tool_calls else None}
     if tool_calls:
         message["tool_calls"] = tool_calls
+    if thoughts:
+        message["reasoning_content"] = "\n\n".join(thoughts)
     return message
 
 

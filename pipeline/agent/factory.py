@@ -42,8 +42,11 @@ def make_policy(spec: PolicySpec, api_key: str | None = None) -> Policy:
 
         extra = {"base_url": spec.base_url} if spec.base_url else {}
         extra |= {"api_key_env": spec.api_key_env} if spec.api_key_env else {}
+        # log-probs and (vLLM) token ids asked for: training scores exactly what was sampled; a server that
+        # refuses them is asked once, and the batch metadata says turns were stored without them
         return OpenAIPolicy(OpenAIPolicyConfig(model=spec.model, temperature=spec.temperature,
-                                               max_tokens=spec.max_tokens, **extra), api_key=api_key)
+                                               max_tokens=spec.max_tokens, request_logprobs=True, **extra),
+                            api_key=api_key)
     if spec.kind == "anthropic":
         from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
 

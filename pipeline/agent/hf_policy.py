@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from pipeline.agent.identity import local_identity
 from pipeline.agent.policy import AssistantTurn, Usage
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
@@ -54,6 +55,7 @@ class LocalHFPolicy:
         self.native_tools = "tools" in self.tokenizer.chat_template
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model_path, dtype=getattr(torch, config.dtype)).to(config.device).eval()
+        self.identity = local_identity(config.model_path, config.model_path, self.tokenizer.chat_template)
         self._lock = threading.Lock()  # one generate at a time: seeded sampling stays reproducible
 
     def settings(self) -> dict:
@@ -61,7 +63,8 @@ class LocalHFPolicy:
         return {**asdict(self.config), "native_tools": self.native_tools}
 
     def act(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> AssistantTurn:
-        """Sample one reply; `logprobs` has one entry per generated token (end-of-turn included)."""
+        """Sample one reply; `token_ids` and `logprobs` have one entry per generated token (end-of-turn included),
+        `prompt_ids` are the ids the model was given."""
         start = time.monotonic()
         prompt = self.tokenizer.apply_chat_template(
             template_messages(messages), tools=(tools or None) if self.native_tools else None,
@@ -69,14 +72,20 @@ class LocalHFPolicy:
         inputs = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.model.device)
         with self._lock:
             generated, logprobs = self._generate(inputs, seed)
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        reasoning, text = split_reasoning(self.tokenizer.decode(generated, skip_special_tokens=True))
+        message = parse_tool_calls(text) if self.native_tools else {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         stopped = bool(generated) and generated[-1] in self._stop_ids()
         return AssistantTurn(
-            message=parse_tool_calls(text) if self.native_tools else {"role": "assistant", "content": text},
+            message=message,
             usage=Usage(inputs["input_ids"].shape[1], len(generated)),
             logprobs=logprobs,
             latency=time.monotonic() - start,
             finish_reason="stop" if stopped else "length",
+            prompt_ids=tuple(inputs["input_ids"][0].tolist()),
+            token_ids=tuple(generated),
+            identity=self.identity,
         )
 
     def _generate(self, inputs, seed: int | None) -> tuple[list[int], tuple[float, ...]]:
@@ -102,6 +111,15 @@ class LocalHFPolicy:
         ids = self.model.generation_config.eos_token_id
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
         return ids or [self.tokenizer.eos_token_id]
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of a reply holding `<think>...</think>` (Qwen3, DeepSeek-R1), split as their
+    templates split it; (None, text) without a closing tag."""
+    if "</think>" not in text:
+        return None, text
+    thought, answer = text.split("</think>", 1)
+    return thought.split("<think>")[-1].strip("\n"), answer.lstrip("\n")
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

@@ -10,7 +10,7 @@ from typing import Literal
 import anthropic
 import openai
 
-from pipeline.agent.policy import AssistantTurn, Policy, PolicyError
+from pipeline.agent.policy import AssistantTurn, Policy, PolicyError, PolicyIdentity
 from pipeline.agent.prompts import system_prompt, task_prompt
 from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_call, tool_response
 from pipeline.agent.tools import TOOLS, check_arguments, execute
@@ -66,6 +66,12 @@ class Attempt:
     steps: tuple[Step, ...]
     logprobs: tuple[tuple[float, ...] | None, ...] | None
     """Per assistant turn, the token log-probs (None for a turn without); None when no turn had any."""
+    prompt_token_ids: tuple[tuple[int, ...] | None, ...] | None
+    """Per assistant turn, the token ids the policy was given; None when no turn had any."""
+    token_ids: tuple[tuple[int, ...] | None, ...] | None
+    """Per assistant turn, the ids it sampled (aligned with `logprobs`); None when no turn had any."""
+    identity: PolicyIdentity | None
+    """The weights and template of the turns (the first turn that names one); None when none did."""
     patch: str
     exit_status: ExitStatus
     format_errors: int
@@ -102,6 +108,9 @@ class _Run:
     start: float = field(default_factory=time.monotonic)
     steps: list[Step] = field(default_factory=list)
     logprobs: list[tuple[float, ...] | None] = field(default_factory=list)
+    prompt_token_ids: list[tuple[int, ...] | None] = field(default_factory=list)
+    token_ids: list[tuple[int, ...] | None] = field(default_factory=list)
+    identity: PolicyIdentity | None = None
     format_errors: int = 0
     consecutive_errors: int = 0
     total_tokens: int = 0
@@ -131,7 +140,10 @@ def run_attempt(task: Task, policy: Policy, sandbox: Sandbox, config: AgentConfi
         unguided_prompt=tuple(_prompt(task, config, text_format, "")),
         tools=tuple(tools),
         steps=tuple(run.steps),
-        logprobs=tuple(run.logprobs) if any(lp is not None for lp in run.logprobs) else None,
+        logprobs=_per_turn(run.logprobs),
+        prompt_token_ids=_per_turn(run.prompt_token_ids),
+        token_ids=_per_turn(run.token_ids),
+        identity=run.identity,
         patch=patch,
         exit_status=status,
         format_errors=run.format_errors,
@@ -155,7 +167,7 @@ def _loop(run: _Run, policy: Policy, sandbox: Sandbox, config: AgentConfig, tool
             return ("context_error" if exc.status_code in REQUEST_REJECTED else "policy_error"), str(exc)
         message = _with_string_arguments(turn.message)
         run.messages.append(message)
-        run.logprobs.append(turn.logprobs)
+        _keep_tokens(run, turn)
         run.total_tokens += turn.usage.prompt_tokens + turn.usage.completion_tokens
         name, arguments, problem = _parse(message, text_format)
         if problem:
@@ -178,6 +190,20 @@ def _loop(run: _Run, policy: Policy, sandbox: Sandbox, config: AgentConfig, tool
         _record(run, turn, name, time.monotonic() - started, error=result.error)
         if result.submitted:
             return "submitted", ""
+
+
+def _keep_tokens(run: _Run, turn: AssistantTurn) -> None:
+    """Record the turn's log-probs, prompt and sampled ids, one entry per assistant turn."""
+    run.logprobs.append(turn.logprobs)
+    run.prompt_token_ids.append(turn.prompt_ids)
+    run.token_ids.append(turn.token_ids)
+    if run.identity is None:
+        run.identity = turn.identity
+
+
+def _per_turn(values: list) -> tuple | None:
+    """Per-turn values as a tuple; None when no turn had one."""
+    return tuple(values) if any(v is not None for v in values) else None
 
 
 def _answers(sandbox: Sandbox) -> bool:

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import openai
 
+from pipeline.agent.identity import local_identity
 from pipeline.agent.policy import (
     AssistantTurn,
+    PolicyIdentity,
     Usage,
     call_with_retries,
     header_seconds,
@@ -19,6 +21,10 @@ from pipeline.agent.policy import (
 )
 
 NO_KEY = "EMPTY"  # what vLLM and SGLang expect when they run without --api-key
+# vLLM (>= 0.10.2) extensions: the response's `prompt_token_ids` and each choice's `token_ids`; and, with
+# logprobs, each token named 'token_id:<id>' so that ids survive where the text does not
+TOKEN_ID_PARAMS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+TOKEN_ID_PREFIX = "token_id:"
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,12 @@ class OpenAIPolicyConfig:
     retry_max_delay: float = 60.0  # seconds
     request_logprobs: bool = False
     """Ask for token log-probs; dropped for good if the server rejects them."""
+    request_token_ids: bool = True
+    """With `request_logprobs`: also ask vLLM for the prompt's and the reply's token ids (`return_token_ids`,
+    `return_tokens_as_token_ids`); dropped for good if the server rejects them. Without them no ids are stored."""
+    identity_model_path: str = ""
+    """A local copy of the served model (the directory vLLM was started on): its weights hash and chat template
+    identify the policy in stored turns; '': the served name only, which training cannot match to a model."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the key, read when the policy is built (unset: no key)."""
 
@@ -53,6 +65,10 @@ class OpenAIPolicy:
         self.config = config
         self.name = f"openai:{config.model}"
         self._logprobs = config.request_logprobs
+        self._token_ids = config.request_logprobs and config.request_token_ids
+        self.token_ids_missing = ""
+        """Why turns carry no token ids ('' while every reply had them); said once in the batch metadata."""
+        self.identity = _identity(config)
         self._client = openai.OpenAI(
             api_key=api_key or os.environ.get(config.api_key_env) or NO_KEY,  # a key given here wins; never stored
             base_url=config.base_url,
@@ -65,6 +81,7 @@ class OpenAIPolicy:
         values = dataclasses.asdict(self.config)
         values.pop("api_key_env")
         values["logprobs_requested"] = self._logprobs
+        values["token_ids_missing"] = self.token_ids_missing if self._logprobs else "log-probs not requested"
         return values
 
     def act(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> AssistantTurn:
@@ -78,16 +95,24 @@ class OpenAIPolicy:
             max_delay=self.config.retry_max_delay,
             what=f"{self.name} at {self.config.base_url}",
         )
-        return _turn(response, time.monotonic() - start)
+        turn, missing = _turn(response, time.monotonic() - start, self.identity)
+        if missing and self._logprobs and not self.token_ids_missing:
+            self.token_ids_missing = f"{self.name} at {self.config.base_url}: {missing}"
+        return turn
 
     def _create(self, messages: list[dict], tools: list[dict], seed: int | None):
-        try:
-            return self._client.chat.completions.create(**self._request(messages, tools, seed))
-        except openai.BadRequestError as error:
-            if not (self._logprobs and "logprob" in str(error).lower()):
-                raise
-            self._logprobs = False  # remembered: later calls do not ask again
-            return self._client.chat.completions.create(**self._request(messages, tools, seed))
+        while True:
+            try:
+                return self._client.chat.completions.create(**self._request(messages, tools, seed))
+            except openai.BadRequestError as error:
+                text = str(error).lower()
+                if self._token_ids and "token_id" in text:
+                    self._token_ids = False  # remembered: later calls do not ask again
+                    self.token_ids_missing = f"{self.name} at {self.config.base_url} refused return_token_ids"
+                elif self._logprobs and "logprob" in text:
+                    self._logprobs = self._token_ids = False
+                else:
+                    raise
 
     def _request(self, messages: list[dict], tools: list[dict], seed: int | None) -> dict:
         request = dict(
@@ -103,7 +128,18 @@ class OpenAIPolicy:
             request["seed"] = seed
         if self._logprobs:
             request["logprobs"] = True
+        if self._token_ids:
+            request["extra_body"] = dict(TOKEN_ID_PARAMS)
         return request
+
+
+def _identity(config: OpenAIPolicyConfig) -> PolicyIdentity:
+    if not config.identity_model_path:
+        return PolicyIdentity(config.model)
+    from transformers import AutoTokenizer
+
+    template = AutoTokenizer.from_pretrained(config.identity_model_path).chat_template
+    return local_identity(config.model, config.identity_model_path, template)
 
 
 def _retry_after(error: Exception) -> float | None:
@@ -115,20 +151,56 @@ def _retry_after(error: Exception) -> float | None:
     return None
 
 
-def _turn(response, latency: float) -> AssistantTurn:
+def _turn(response, latency: float, identity: PolicyIdentity) -> tuple[AssistantTurn, str]:
+    """The turn, and why it has no token ids ('' when it has them)."""
     choice = response.choices[0]
     message: dict = {"role": "assistant", "content": choice.message.content}
     tool_calls = [_tool_call(call, i) for i, call in enumerate(choice.message.tool_calls or [])]
     if tool_calls:
         message["tool_calls"] = tool_calls
+    reasoning = _reasoning(choice.message)
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     usage = response.usage
-    return AssistantTurn(
+    logprobs = _token_logprobs(choice)
+    prompt_ids, token_ids, missing = _token_ids(response, choice, logprobs)
+    turn = AssistantTurn(
         message=message,
         usage=Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else Usage(),
-        logprobs=_token_logprobs(choice),
+        logprobs=logprobs,
         latency=latency,
         finish_reason=choice.finish_reason or "",
+        prompt_ids=prompt_ids,
+        token_ids=token_ids,
+        identity=identity,
     )
+    return turn, missing
+
+
+def _reasoning(message) -> str | None:
+    """vLLM's reasoning parser output: `reasoning_content` (older) or `reasoning` (newer), an extra field."""
+    for name in ("reasoning_content", "reasoning"):
+        value = getattr(message, name, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _token_ids(response, choice, logprobs) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, str]:
+    """(prompt ids, sampled ids, why they are missing): both from vLLM's extra fields, the sampled ids
+    else from 'token_id:<id>' log-prob tokens; none unless both are there and the ids align with `logprobs`."""
+    prompt = getattr(response, "prompt_token_ids", None)
+    sampled = getattr(choice, "token_ids", None)
+    content = choice.logprobs.content if choice.logprobs else None
+    if sampled is None and content and all(t.token.startswith(TOKEN_ID_PREFIX) for t in content):
+        sampled = [int(t.token[len(TOKEN_ID_PREFIX):]) for t in content]
+    if logprobs is None:
+        return None, None, "the server returned no log-probs"
+    if prompt is None or sampled is None:
+        return None, None, "the server returned no prompt_token_ids/token_ids (vLLM >= 0.10.2 returns them)"
+    if len(sampled) != len(logprobs):
+        return None, None, f"{len(sampled)} token ids but {len(logprobs)} log-probs"
+    return tuple(int(i) for i in prompt), tuple(int(i) for i in sampled), ""
 
 
 def _tool_call(call, index: int) -> dict:

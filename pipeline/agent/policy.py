@@ -19,18 +19,42 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class PolicyIdentity:
+    """Which weights and chat template sampled a turn: what training compares with its starting model."""
+
+    model: str
+    """The model's name as loaded or served."""
+    revision: str = ""
+    """A Hub commit, or 'sha256:<hex>' of the weight files; '' when unknown."""
+    chat_template_hash: str = ""
+    """sha256 of the chat template text that rendered the prompt; '' when unknown."""
+
+
+@dataclass(frozen=True)
 class AssistantTurn:
-    """One model reply, in OpenAI chat format, with what it cost."""
+    """One model reply, in OpenAI chat format, with what it cost and, when the policy knows them, its tokens."""
 
     message: dict
-    """{"role": "assistant", "content": str | None, "tool_calls": [...] (absent when none)};
-    each tool call is {"id", "type": "function", "function": {"name", "arguments": <JSON string>}}."""
+    """{"role": "assistant", "content": str | None, "tool_calls": [...] (absent when none),
+    "reasoning_content": str (only when the model returned reasoning)}; each tool call is
+    {"id", "type": "function", "function": {"name", "arguments": <JSON string>}}."""
     usage: Usage
     logprobs: tuple[float, ...] | None = None
     """Log-probability of each generated token under the raw model, when the server gives them."""
     latency: float = 0.0  # seconds, including retries
     finish_reason: str = ""
     """OpenAI's vocabulary: 'stop', 'tool_calls', 'length', or what the server said."""
+    prompt_ids: tuple[int, ...] | None = None
+    """The token ids the model was given (the rendered chat and generation prompt); None when unknown."""
+    token_ids: tuple[int, ...] | None = None
+    """The token ids it sampled, end-of-turn included when sampled; aligned one to one with `logprobs`."""
+    identity: PolicyIdentity | None = None
+    """The weights and template that produced the turn; None when the policy cannot say."""
+
+    def __post_init__(self) -> None:
+        if self.token_ids is not None and self.logprobs is not None and len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"AssistantTurn: {len(self.token_ids)} token ids but {len(self.logprobs)} log-probs; "
+                             "they must be aligned one to one")
 
 
 @runtime_checkable
