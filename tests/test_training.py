@@ -108,7 +108,8 @@ def test_group_advantages_and_which_attempts_form_a_group():
 def trainer(folder, tiny):
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     torch.manual_seed(0)
-    config = ActGuideTrainingConfig(learning_rate=1e-3, batch_size=3, max_steps=4, kl_weight=0.01)
+    config = ActGuideTrainingConfig(learning_rate=1e-3, batch_size=3, max_steps=4, kl_weight=0.01,
+                                    behaviour_logprobs="recompute")  # the heuristic's trajectories have no ids
     examples, counts = prepare_examples(read_split(folder, "actguide"), tokenizer, config)
     return ActGuideTrainer(AutoModelForCausalLM.from_pretrained(tiny), tokenizer, examples, config), tokenizer, counts
 
@@ -116,19 +117,22 @@ def trainer(folder, tiny):
 def test_actguide_examples_are_the_groups_with_signal(trainer):
     t, _, counts = trainer
     assert counts == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "too_long": 0,
-                      "recorded_logprobs": 0}
+                      "stored_tokens": 0, "rendered_tokens": 6}
     by_id = {e.rollout_id: e for e in t.examples}
     assert sorted(by_id) == ["t3u0", "t3u1", "t4a0", "t4a1", "t4u0", "t4u1"]  # t3's guided attempt is not used
     assert sum(e.advantage for e in t.examples if e.group_id == by_id["t4u0"].group_id) == pytest.approx(0.0)
     for e in t.examples:  # the two prompts differ only by the hint; the response tokens are shared
-        assert len(e.guided_prompt_ids) > len(e.prompt_ids) and len(e.mask) == len(e.response_ids)
+        (segment,) = e.segments  # the tiny template renders earlier turns as they were sampled: one forward
+        longer = len(segment.sampled_prompt_ids) > len(segment.prompt_ids)
+        assert longer == (e.sampled_under == "guided") and len(segment.mask) == len(segment.response_ids)
 
 
 def test_the_mask_covers_exactly_the_assistant_turns(trainer):
     t, tokenizer, _ = trainer
     e = next(e for e in t.examples if e.rollout_id == "t4u1")  # two tool calls, two observations, a last word
+    (segment,) = e.segments
     spans, current = [], []
-    for token, keep in zip(e.response_ids, e.mask):
+    for token, keep in zip(segment.response_ids, segment.mask):
         if keep:
             current.append(token)
         elif current:
@@ -139,7 +143,7 @@ def test_the_mask_covers_exactly_the_assistant_turns(trainer):
     assert spans[0].startswith("step 0 of t4u1") and '"command": "echo t4u1 0"' in spans[0]
     assert spans[2] == f"done t4u1{IM_END}"
     assert not any("<|im_start|>" in span for span in spans)  # no observation, no turn header
-    observations = tokenizer.decode([tok for tok, keep in zip(e.response_ids, e.mask) if not keep])
+    observations = tokenizer.decode([tok for tok, keep in zip(segment.response_ids, segment.mask) if not keep])
     assert "<|im_start|>tool\nt4u1 0" in observations and "<|im_start|>tool\nt4u1 1" in observations
 
 
@@ -154,19 +158,25 @@ def test_step_zero_ratio_is_one_unguided_and_the_guided_denominator_is_the_guide
     for i, e in enumerate(t.examples):
         if e.sampled_under != "guided":
             continue
-        ids = torch.tensor([e.guided_prompt_ids + e.response_ids])
+        (s,) = e.segments
+        ids = torch.tensor([s.sampled_prompt_ids + s.response_ids])
         with torch.no_grad():
             logits = independent(ids).logits[0, :-1].float()
-        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)[len(e.guided_prompt_ids) - 1:]
-        assert torch.allclose(t.behaviour[i], expected, atol=1e-5)
-        unguided_view = response_logps(independent, [e.prompt_ids], [e.response_ids], t.pad_id)[0]
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)[len(s.sampled_prompt_ids) - 1:]
+        mask = torch.tensor(s.mask, dtype=torch.bool)
+        assert torch.allclose(t.behaviour[i], expected[mask], atol=1e-5)
+        unguided_view = response_logps(independent, [s.prompt_ids], [s.response_ids], t.pad_id)[0][mask]
         assert not torch.allclose(t.behaviour[i], unguided_view, atol=1e-3)  # the hint changes the denominator
 
 
 def test_actguide_loss_falls_on_a_repeated_batch(folder, tiny, tmp_path):
-    config = ActGuideTrainingConfig(learning_rate=3e-4, batch_size=16, max_steps=5, kl_weight=0.0)
+    config = ActGuideTrainingConfig(learning_rate=3e-4, batch_size=16, max_steps=5, kl_weight=0.0,
+                                    behaviour_logprobs="recompute")
     result = train_actguide(config, tiny, folder, tmp_path / "run")
     summary, metrics = read_run(result.run_dir)
+    assert summary["behaviour_logprobs"] == "recompute" and summary["rendered_tokens"] == 6
+    used = json.loads((result.run_dir / "config.json").read_text())
+    assert used["behaviour_logprobs"] == "recompute" and used["starting_identity"]["revision"].startswith("sha256:")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5] and summary["trajectories"] == 6
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     assert 0 < summary["forward_share"] < 1 and summary["tokens_per_second"] > 0
@@ -179,7 +189,8 @@ def test_a_pipes_launch_reports_its_steps_and_summary_to_the_asset(folder, tiny,
     (data / "datasets").mkdir(parents=True)
     (data / "datasets" / "hf").symlink_to(folder)
     settings = HandholdSettings(data_dir=str(data), batch="b1", training={
-        "model": tiny, "launcher": "pipes", "actguide": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 2}})
+        "model": tiny, "launcher": "pipes", "actguide": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 2,
+                                                         "behaviour_logprobs": "recompute"}})
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize([actguide_model], instance=instance,
                             resources={"settings": settings, "credentials": Credentials()})

@@ -14,10 +14,13 @@ are masked out), the loss is PPO's clipped ratio objective:
     loss  = -mean over tokens of min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A)  [+ kl_weight * KL]
 
 For a guided trajectory the numerator sees the unguided prompt and the denominator the guided one:
-what the policy is trained to do is act without the hint. The behaviour log-probs are the rollout's
-recorded ones when they line up token for token with this tokenizer's rendering, otherwise computed
-once by the starting model before the first step. The optional KL (k3 estimator) is to the starting
-model on the unguided prompt. Plain PyTorch: the loop reads top to bottom.
+what the policy is trained to do is act without the hint. Each turn is scored in the context it was
+sampled in, on the ids it sampled (`training.tokens`). With `behaviour_logprobs: stored` the behaviour
+log-probs are the rollout's stored numbers on its stored ids, and every trajectory must have been sampled
+by the starting model's weights under its chat template (else the stage refuses, naming the mismatch);
+with `recompute` the starting model computes them once before the first step, on the prompt each attempt
+was sampled under. The optional KL (k3 estimator) is to the starting model on the unguided prompt.
+Plain PyTorch: the loop reads top to bottom.
 """
 
 from __future__ import annotations
@@ -30,28 +33,31 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.agent.identity import local_identity, mismatch
+from pipeline.agent.policy import PolicyIdentity
 from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
                              fresh_run_dir, load_model, read_split)
 from training.config import ActGuideTrainingConfig
+from training.tokens import (Segment, TokenMismatch, fitting, prompt_ids, rendered_turns, segments,
+                             stored_turns)
+
+SETTING = "training.actguide.behaviour_logprobs"
 
 
 @dataclass
 class Example:
-    """One trajectory, tokenized: the response after either prompt, its mask and its group advantage."""
+    """One trajectory, tokenized: its segments (each turn in its own context) and its group advantage."""
 
     group_id: str
     rollout_id: str
     sampled_under: str  # 'unguided' or 'guided'
     advantage: float
-    prompt_ids: list[int]
-    guided_prompt_ids: list[int]
-    response_ids: list[int]
-    mask: list[int]  # 1 on the policy's own tokens
-    recorded: list[float] | None  # behaviour log-probs per masked token, as the rollout stored them
+    segments: list[Segment]
+    recorded: list[float] | None  # behaviour log-probs of every sampled token in segment order, as stored
 
     @property
-    def behaviour_prompt(self) -> list[int]:
-        return self.guided_prompt_ids if self.sampled_under == "guided" else self.prompt_ids
+    def policy_tokens(self) -> int:
+        return sum(sum(s.mask) for s in self.segments)
 
 
 def group_advantages(rewards: list[float]) -> list[float]:
@@ -70,29 +76,63 @@ def training_group(members: list[dict[str, Any]], guided_group: str = "merge") -
     return unguided + guided if guided_group == "merge" else guided
 
 
-def render(tokenizer, template: str, prompt: list[dict], completion: list[dict], tools) -> tuple[list, list, list]:
-    """(prompt ids, response ids, response mask): the conversation rendered once, split where the
-    generation prompt ends, as TRL does."""
-    from trl.data_utils import common_prefix_length
-
-    from pipeline.datasets.masking import assistant_token_mask
-
-    prompt_ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=template, tokenize=True,
-                                               return_dict=True, add_generation_prompt=True)["input_ids"]
-    ids, mask = assistant_token_mask(tokenizer, prompt + completion, tools, template)
-    start = common_prefix_length(prompt_ids, ids)
-    return ids[:start], ids[start:], mask[start:]
+def has_stored_ids(member: dict[str, Any]) -> bool:
+    """Whether every assistant turn of the member has stored prompt ids, sampled ids and log-probs."""
+    turns = sum(m["role"] == "assistant" for m in member["completion"])
+    columns = [member.get(name) for name in ("prompt_token_ids", "token_ids", "logprobs")]
+    return turns > 0 and all(c is not None and len(c) == turns and all(t is not None for t in c) for c in columns)
 
 
-def prepare_examples(rows, tokenizer, config: ActGuideTrainingConfig) -> tuple[list[Example], dict[str, int]]:
-    """Examples of every trajectory with a non-zero advantage, and counts of what was left out and why."""
-    from pipeline.datasets.masking import to_template_row, training_chat_template
+def stored_identity(member: dict[str, Any]) -> PolicyIdentity:
+    return PolicyIdentity(member.get("policy_model") or "", member.get("policy_revision") or "",
+                          member.get("chat_template_hash") or "")
 
-    template = training_chat_template(tokenizer)
-    counts = {"groups": 0, "guided_groups": 0, "equal_reward_groups": 0, "too_long": 0, "recorded_logprobs": 0}
+
+def check_stored(member: dict[str, Any], starting: PolicyIdentity | None) -> None:
+    """Under `stored`: the member has stored ids and was sampled by the starting model; else a refusal."""
+    fix = f"set {SETTING}: recompute to compute the behaviour policy with the starting model instead"
+    if not has_stored_ids(member):
+        raise TrainingDataError(f"trajectory {member['rollout_id']} has no stored token ids and log-probs for "
+                                f"every turn (policy {member.get('policy_model') or 'unknown'}); {fix}")
+    problem = mismatch(stored_identity(member), starting) if starting else "the starting model is unknown"
+    if problem:
+        raise TrainingDataError(f"trajectory {member['rollout_id']} was not sampled by the starting model: "
+                                f"{problem}; {fix}")
+
+
+def member_turns(member, tokenizer, prompts, tools, config: ActGuideTrainingConfig, starting) -> tuple[list, str]:
+    """The member's turns and where their ids came from: 'stored' (the rollout's own) or 'rendered'."""
+    unguided, guided = prompts
+    sampled = guided if member["sampled_under"] == "guided" else unguided
+    if config.behaviour_logprobs == "stored":
+        check_stored(member, starting)
+    usable = has_stored_ids(member) and (config.behaviour_logprobs == "stored" or (
+        starting is not None and stored_identity(member).chat_template_hash == starting.chat_template_hash))
+    if usable:
+        try:
+            return stored_turns(member, prompt_ids(tokenizer, sampled, tools),
+                                prompt_ids(tokenizer, unguided, tools)), "stored"
+        except TokenMismatch as error:
+            if config.behaviour_logprobs == "stored":
+                raise TrainingDataError(f"{error}; set {SETTING}: recompute to re-render it") from error
+    from pipeline.datasets.masking import to_template_row
+
+    chat = to_template_row({"messages": member["completion"]})["messages"]
+    return rendered_turns(tokenizer, sampled, unguided, chat, tools), "rendered"
+
+
+def prepare_examples(rows, tokenizer, config: ActGuideTrainingConfig, starting: PolicyIdentity | None = None
+                     ) -> tuple[list[Example], dict[str, int]]:
+    """Examples of every trajectory with a non-zero advantage, and counts of what was left out and why.
+    `starting` is the starting model's identity, which stored log-probs must have been sampled by."""
+    from pipeline.datasets.masking import to_template_row
+
+    counts = {"groups": 0, "guided_groups": 0, "equal_reward_groups": 0, "too_long": 0, "stored_tokens": 0,
+              "rendered_tokens": 0}
     examples = []
     for row in rows:
-        guided_prompt = to_template_row({"prompt": row["guided_prompt"]})["prompt"]
+        chat = to_template_row({"prompt": row["prompt"], "tools": row["tools"]})
+        prompts = (chat["prompt"], to_template_row({"prompt": row["guided_prompt"]})["prompt"])
         group = training_group(row["trajectories"], config.guided_group)
         counts["groups"] += 1
         counts["guided_groups"] += any(m["sampled_under"] == "guided" for m in group)
@@ -103,31 +143,19 @@ def prepare_examples(rows, tokenizer, config: ActGuideTrainingConfig) -> tuple[l
         for member, advantage in zip(group, advantages):
             if advantage == 0.0:
                 continue
-            chat = to_template_row({"prompt": row["prompt"], "messages": member["completion"], "tools": row["tools"]})
-            prompt_ids, response, mask = render(tokenizer, template, chat["prompt"], chat["messages"], chat["tools"])
-            guided_ids, _, _ = render(tokenizer, template, guided_prompt, chat["messages"], chat["tools"])
-            budget = config.max_length - max(len(prompt_ids), len(guided_ids))
-            if budget < 1 or not any(mask[:budget]):
+            turns, source = member_turns(member, tokenizer, prompts, chat["tools"], config, starting)
+            kept = fitting(turns, config.max_length)
+            if not kept:
                 counts["too_long"] += 1
                 continue
-            recorded = _recorded(member.get("logprobs"), mask)
-            counts["recorded_logprobs"] += recorded is not None
-            kept = sum(mask[:budget])
+            counts[f"{source}_tokens"] += 1
+            recorded = [x for t in kept for x in t.logprobs] if config.behaviour_logprobs == "stored" else None
             examples.append(Example(row["group_id"], member["rollout_id"], member["sampled_under"], advantage,
-                                    prompt_ids, guided_ids, response[:budget], mask[:budget],
-                                    recorded[:kept] if recorded is not None else None))
+                                    segments(kept), recorded))
     if not examples:
         raise TrainingDataError(f"no trajectory to train on ({counts}): ActGuide needs groups with both "
                                 "resolved and failed attempts")
     return examples, counts
-
-
-def _recorded(logprobs: list[list[float]] | None, mask: list[int]) -> list[float] | None:
-    """The stored per-turn log-probs flattened, when they count exactly the masked tokens; else None."""
-    if not logprobs:
-        return None
-    flat = [float(x) for turn in logprobs for x in (turn or [])]
-    return flat if len(flat) == sum(mask) else None
 
 
 def response_logps(model, prefixes: list[list[int]], responses: list[list[int]], pad_id: int):
@@ -189,30 +217,33 @@ class ActGuideTrainer:
                 batch = guided[start:start + self.config.batch_size]
                 behaviour.update({i: lp.detach() for i, lp in zip(batch, self._logps(batch, guided=True))})
         for i, e in enumerate(self.examples):
-            if e.recorded is not None:  # the rollout's own numbers, scattered onto the masked positions
-                lp = torch.zeros(len(e.response_ids))
-                lp[torch.tensor(e.mask, dtype=torch.bool)] = torch.tensor(e.recorded)
-                behaviour[i] = lp
+            if e.recorded is not None:  # the rollout's own numbers on its own ids
+                behaviour[i] = torch.tensor(e.recorded)
             elif e.sampled_under == "unguided":
                 behaviour[i] = reference[i]
         self.model.train()
         return behaviour, reference
 
     def _logps(self, batch: list[int], guided: bool):
-        examples = [self.examples[i] for i in batch]
-        prefixes = [e.guided_prompt_ids if guided else e.prompt_ids for e in examples]
-        return response_logps(self.model, prefixes, [e.response_ids for e in examples], self.pad_id)
-
-    def log_ratios(self, batch: list[int], current) -> list:
-        """Per example of the batch: log pi_theta - log pi_behaviour on its policy tokens, from the current
-        log-probs (a forward of the batch on the unguided prompt)."""
+        """Per example: log-probs of its sampled tokens, every segment after its unguided context (or the
+        context it was sampled in, `guided`), from one padded forward of all the batch's segments."""
         import torch
 
-        out = []
-        for i, logp in zip(batch, current):
-            mask = torch.tensor(self.examples[i].mask, dtype=torch.bool, device=logp.device)
-            out.append((logp - self.behaviour[i].to(logp.device))[mask])
+        parts = [s for i in batch for s in self.examples[i].segments]
+        prefixes = [s.sampled_prompt_ids if guided else s.prompt_ids for s in parts]
+        logps = response_logps(self.model, prefixes, [s.response_ids for s in parts], self.pad_id)
+        sampled = [lp[torch.tensor(s.mask, dtype=torch.bool, device=lp.device)] for lp, s in zip(logps, parts)]
+        out, start = [], 0
+        for i in batch:
+            count = len(self.examples[i].segments)
+            out.append(torch.cat(sampled[start:start + count]))
+            start += count
         return out
+
+    def log_ratios(self, batch: list[int], current) -> list:
+        """Per example of the batch: log pi_theta - log pi_behaviour on its sampled tokens, from the current
+        log-probs (a forward of the batch on the unguided prompt)."""
+        return [logp - self.behaviour[i].to(logp.device) for i, logp in zip(batch, current)]
 
     def loss(self, batch: list[int]) -> tuple[Any, dict[str, float]]:
         """The batch's loss (token mean over the policy's tokens) and what a person watches of it."""
@@ -228,11 +259,7 @@ class ActGuideTrainer:
         loss = -objective.sum() / tokens
         kl = torch.zeros(())
         if weight:  # k3 estimator of KL(pi_theta || pi_start) on the unguided prompt
-            deltas = []
-            for i, logp in zip(batch, current):
-                mask = torch.tensor(self.examples[i].mask, dtype=torch.bool, device=logp.device)
-                deltas.append((self.reference[i].to(logp.device) - logp)[mask])
-            delta = torch.cat(deltas)
+            delta = torch.cat([self.reference[i].to(logp.device) - logp for i, logp in zip(batch, current)])
             kl = (torch.exp(delta) - delta - 1).sum() / tokens
             loss = loss + weight * kl
         every = torch.cat(ratios).detach()
@@ -255,7 +282,7 @@ class ActGuideTrainer:
             done = time.monotonic()
             self.timings["policy_forward"] += forward - start
             self.timings["backward_and_update"] += done - forward
-            seen = sum(len(self.examples[i].prompt_ids) + len(self.examples[i].response_ids) for i in batch)
+            seen = sum(len(s.prompt_ids) + len(s.response_ids) for i in batch for s in self.examples[i].segments)
             metrics.add({"step": step, **row, "grad_norm": float(grad_norm),
                          "learning_rate": self.scheduler.get_last_lr()[0], "tokens": seen,
                          "seconds": done - start})
@@ -268,7 +295,8 @@ def train_actguide(config: ActGuideTrainingConfig, model_path: str, dataset_fold
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    examples, counts = prepare_examples(read_split(dataset_folder, "actguide"), tokenizer, config)
+    starting = local_identity(model_path, model_path, tokenizer.chat_template)
+    examples, counts = prepare_examples(read_split(dataset_folder, "actguide"), tokenizer, config, starting)
     out = fresh_run_dir(out_dir)
     metrics = MetricsLog(out, report)
     torch.manual_seed(config.seed)
@@ -285,6 +313,8 @@ def train_actguide(config: ActGuideTrainingConfig, model_path: str, dataset_fold
     train_seconds = timings["policy_forward"] + timings["backward_and_update"]
     summary = {
         "stage": "actguide", "starting_model": model_path, "dataset": str(dataset_folder), **counts,
+        "behaviour_logprobs": config.behaviour_logprobs, "starting_revision": starting.revision,
+        "starting_chat_template_hash": starting.chat_template_hash,
         "dtype": PRECISION_DTYPES[config.precision],
         "trajectories": len(examples), "guided_trajectories": sum(e.sampled_under == "guided" for e in examples),
         "steps": len(history), "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
@@ -292,4 +322,6 @@ def train_actguide(config: ActGuideTrainingConfig, model_path: str, dataset_fold
         "tokens_per_second": round(tokens / train_seconds, 1) if train_seconds else None,
         "seconds_by_phase": {k: round(v, 3) for k, v in timings.items()},
         "forward_share": round((timings["behaviour_forward"] + timings["policy_forward"]) / total, 3) if total else None}
-    return finish_run(out, {"stage": "actguide", "starting_model": model_path, "settings": config}, summary, history)
+    used = {"stage": "actguide", "starting_model": model_path, "starting_identity": starting, "settings": config,
+            "behaviour_logprobs": config.behaviour_logprobs}
+    return finish_run(out, used, summary, history)

@@ -76,6 +76,9 @@ class ActGuideTrainingConfig:
     """Train; False: the actguide_model asset says it skipped."""
     guided_group: Literal["merge", "replace"] = "merge"
     """A task whose unguided attempts all failed: its guided attempts merged into the group (ActGuide-RL) or replacing it."""
+    behaviour_logprobs: Literal["stored", "recompute"] = "stored"
+    """stored: the rollouts' own log-probs on their own token ids; refused unless every trajectory was sampled by the
+    starting model (same weights and chat template). recompute: the starting model's, computed once before training."""
     learning_rate: float = 1e-6
     """Learning rate (AdamW)."""
     lr_scheduler: str = "constant"
