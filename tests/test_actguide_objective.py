@@ -1,0 +1,145 @@
+"""ActGuide's loss and gradient against a hand computation on a toy model, tokens a few per turn.
+
+The toy model's logits at position t are A[x_t] + sum_{s<=t} B[x_s]: the next token depends on the
+previous one and on everything before it, so a hint in the prompt changes every log-prob after it.
+The cases are chosen so that each term, made wrong, moves the result: ratios on both sides of the clip
+range under positive and negative advantages, group sizes whose std is not 1, a guided attempt (numerator
+on the unguided prompt, denominator on the guided one), a current model away from the starting one (the
+KL's direction) and a rescued group whose members only count when merged.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from pipeline.agent.policy import PolicyIdentity
+from training.actguide import ActGuideTrainer, prepare_examples
+from training.config import ActGuideTrainingConfig
+from training.tiny_model import IM_END, build_tiny_model
+
+IDENTITY = PolicyIdentity("toy", "sha256:toy", "template")
+PROMPT = [{"role": "system", "content": "S", "tool_calls": None, "tool_call_id": None},
+          {"role": "user", "content": "fix", "tool_calls": None, "tool_call_id": None}]
+GUIDED = [PROMPT[0], {**PROMPT[1], "content": "fix hint: run tests"}]
+# the advantages worked out by hand: (r - mean) / population std within each training group
+MIXED = {"u0": 2 ** 0.5, "u1": -(2 ** -0.5), "u2": -(2 ** -0.5)}  # rewards 1, 0, 0
+MERGED = {"b_u0": -(3 ** -0.5), "b_u1": -(3 ** -0.5), "b_g0": 3 ** 0.5, "b_g1": -(3 ** -0.5)}  # 0, 0 | 1, 0
+TARGET_RATIOS = (1.5, 0.5, 1.1, 0.7)  # stored behaviour chosen so ratios land on both sides of [0.8, 1.2]
+
+
+class Toy(torch.nn.Module):
+    """logits[t] = A[x_t] + cumulative sum of B[x_s] for s <= t."""
+
+    def __init__(self, vocab: int, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.A = torch.nn.Parameter(torch.randn(vocab, vocab, generator=g))
+        self.B = torch.nn.Parameter(0.3 * torch.randn(vocab, vocab, generator=g))
+
+    def forward(self, input_ids, attention_mask=None):
+        return SimpleNamespace(logits=self.A[input_ids] + self.B[input_ids].cumsum(dim=1))
+
+
+def hand_logps(A, B, context: list[int], ids: list[int]):
+    """log p(ids | context) under the toy model, position by position."""
+    seq = torch.tensor(context + ids)
+    logits = A[seq[:-1]] + B[seq[:-1]].cumsum(dim=0)
+    return torch.log_softmax(logits, -1).gather(-1, seq[1:, None])[:, 0][len(context) - 1:]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
+
+
+def context_ids(tokenizer, prompt) -> list[int]:
+    return tokenizer.apply_chat_template(prompt, tokenize=True, return_dict=True, add_generation_prompt=True)[
+        "input_ids"]
+
+
+def member(tokenizer, rid: str, under: str, reward: float, ids: list[int], logprobs: list[float]) -> dict:
+    """A row member as the actguide rows hold it: one assistant turn with its stored ids and log-probs."""
+    context = context_ids(tokenizer, GUIDED if under == "guided" else PROMPT)
+    return {"rollout_id": rid, "sampled_under": under, "sample_index": 0, "reward": reward,
+            "resolved": reward > 0, "completion_tokens": len(ids),
+            "completion": [{"role": "assistant", "content": "x", "tool_calls": None, "tool_call_id": None}],
+            "prompt_token_ids": [context], "token_ids": [ids], "logprobs": [logprobs],
+            "policy_model": IDENTITY.model, "policy_revision": IDENTITY.revision,
+            "chat_template_hash": IDENTITY.chat_template_hash}
+
+
+def cases(tokenizer, current: Toy):
+    """(rows, expected): the rows' stored behaviour log-probs put the current model's ratios at TARGET_RATIOS."""
+    end = tokenizer.convert_tokens_to_ids(IM_END)
+    plan = [("m", "u0", "unguided", 1.0), ("m", "u1", "unguided", 0.0), ("m", "u2", "unguided", 0.0),
+            ("b", "b_u0", "unguided", 0.0), ("b", "b_u1", "unguided", 0.0), ("b", "b_g0", "guided", 1.0),
+            ("b", "b_g1", "guided", 0.0)]
+    rows = {"m": [], "b": []}
+    expected = []
+    for n, (row, rid, under, reward) in enumerate(plan):
+        ids = [100 + 7 * n, 300 + n, end][: 2 + n % 2]  # two or three tokens
+        sampled = context_ids(tokenizer, GUIDED if under == "guided" else PROMPT)
+        with torch.no_grad():
+            current_logps = hand_logps(current.A, current.B, context_ids(tokenizer, PROMPT), ids)
+        stored = [float(lp - math.log(TARGET_RATIOS[(n + j) % 4])) for j, lp in enumerate(current_logps)]
+        rows[row].append(member(tokenizer, rid, under, reward, ids, stored))
+        expected.append((rid, {**MIXED, **MERGED}[rid], sampled, ids, stored))
+    chat = dict(tools="[]", prompt=PROMPT)
+    return [{**chat, "guided_prompt": PROMPT, "group_id": "m", "trajectories": rows["m"]},
+            {**chat, "guided_prompt": GUIDED, "group_id": "b", "trajectories": rows["b"]}], expected
+
+
+def hand_loss(start: Toy, current: Toy, tokenizer, expected, mode: str, clip: float, kl_weight: float):
+    """PPO's clipped objective with a k3 KL to the starting model, token mean, written out on its own."""
+    unguided = context_ids(tokenizer, PROMPT)
+    terms, kls = [], []
+    for _, advantage, sampled, ids, stored in expected:
+        logp = hand_logps(current.A, current.B, unguided, ids)
+        with torch.no_grad():
+            behaviour = torch.tensor(stored) if mode == "stored" else hand_logps(start.A, start.B, sampled, ids)
+            reference = hand_logps(start.A, start.B, unguided, ids)
+        ratio = torch.exp(logp - behaviour)
+        terms.append(torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage))
+        kls.append(torch.exp(reference - logp) - (reference - logp) - 1)
+    tokens = sum(len(ids) for *_, ids, _ in expected)
+    return -torch.cat(terms).sum() / tokens + kl_weight * torch.cat(kls).sum() / tokens
+
+
+@pytest.mark.parametrize("mode", ["stored", "recompute"])
+def test_loss_and_gradient_match_the_hand_computation(tokenizer, mode):
+    vocab = len(tokenizer)
+    start, current = Toy(vocab, seed=0), Toy(vocab, seed=0)
+    with torch.no_grad():  # the current model has moved away from the starting one
+        current.A.add_(0.5 * torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)))
+        current.B.add_(0.2 * torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(2)))
+    rows, expected = cases(tokenizer, current)
+    config = ActGuideTrainingConfig(behaviour_logprobs=mode, batch_size=16, clip=0.2, kl_weight=0.5)
+    examples, counts = prepare_examples(rows, tokenizer, config, IDENTITY)
+    assert sorted(e.rollout_id for e in examples) == sorted(rid for rid, *_ in expected)
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({**MIXED, **MERGED})
+    model = Toy(vocab, seed=0)
+    trainer = ActGuideTrainer(model, tokenizer, examples, config)  # behaviour and reference: the starting model
+    with torch.no_grad():
+        model.A.copy_(current.A)
+        model.B.copy_(current.B)
+    model.zero_grad()
+    loss, row = trainer.loss(trainer.batches[0])
+    loss.backward()
+    want = hand_loss(start, current, tokenizer, expected, mode, clip=0.2, kl_weight=0.5)
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), abs=1e-5)
+    assert torch.allclose(model.A.grad, current.A.grad, atol=1e-6)
+    assert torch.allclose(model.B.grad, current.B.grad, atol=1e-6)
+    assert row["clip_fraction"] > 0 and row["kl"] > 0  # the clip and the KL both bite in this case
+
+
+def test_replace_trains_on_the_guided_attempts_alone(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    config = ActGuideTrainingConfig(guided_group="replace", behaviour_logprobs="stored")
+    examples, _ = prepare_examples(rows, tokenizer, config, IDENTITY)
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({**MIXED, "b_g0": 1.0, "b_g1": -1.0})
