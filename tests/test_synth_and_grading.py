@@ -36,7 +36,8 @@ def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
     tasks, _, config, cache = synth_run
     again, report = synthesize(config, base_image, cache, docker_client)
     assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
-    assert {k: v for k, v in report.per_package[TOOLZ.key].items() if k != "seconds"} == {"cached": 1}
+    assert {k: v for k, v in report.per_package[TOOLZ.key].items() if k not in ("seconds", "copies_removed")} \
+        == {"cached": 1}
 
 
 def test_history_does_not_reveal_the_fix(toolz_task):
@@ -144,6 +145,38 @@ def test_bad_packages_are_reported_in_rejects_parquet_and_the_good_one_still_yie
     assert "no tests at ['no_such_tests']" in reasons[2]
     assert "pip wheel" in reasons[3] and "handhold-no-such-requirement-4c1d9e" in reasons[3] \
         and "set test_requirements=" in reasons[3]
+
+
+def test_a_malformed_pyproject_rejects_its_package_and_the_others_go_on(synth_run, base_image, docker_client,
+                                                                       tmp_path):
+    """tomllib's error used to end the whole synthesis; now it is the package's reject row."""
+    import io
+    import tarfile
+
+    import polars as pl
+
+    from pipeline.records import REJECT_SCHEMA
+    from pipeline.tasks.packages import PackageSpec
+    from pipeline.tasks.synth import SynthConfig
+
+    cache = synth_run[3]
+    files = {"pyproject.toml": b"[build-system]\nrequires = [\"setuptools\"\n", "badtoml/__init__.py": b"",
+             "tests/test_it.py": b"def test_it():\n    assert True\n"}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"badtoml-1.0/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (cache / "sdist").mkdir(exist_ok=True)
+    (cache / "sdist" / "badtoml-1.0.tar.gz").write_bytes(buf.getvalue())
+    tasks, report = synthesize(SynthConfig(tasks_per_package=3, candidates_per_package=30), base_image, cache,
+                               docker_client, specs=(PackageSpec("badtoml", "1.0"), TOOLZ))
+    assert len(tasks) >= 2 and {t.repo for t in tasks} == {"pypi/toolz"}
+    path = write_rows(tmp_path / "rejects.parquet", [dataclasses.asdict(r) for r in report.rejects], REJECT_SCHEMA)
+    [row] = pl.read_parquet(path).rows(named=True)
+    assert (row["item"], row["stage"]) == ("badtoml-1.0", "build")
+    assert "pyproject.toml is not valid TOML" in row["reason"] and "pin another version" in row["reason"]
 
 
 def test_statement_writer_llm_and_its_fallbacks(toolz_task):

@@ -34,7 +34,7 @@ ARCHIVE = (".whl", ".egg", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.
 
 def fingerprint(code):
     consts = tuple(("code", c.co_qualname) if isinstance(c, types.CodeType) else
-                   sorted(map(repr, c)) if isinstance(c, frozenset) else repr(c) for c in code.co_consts)
+                   tuple(sorted(map(repr, c))) if isinstance(c, frozenset) else repr(c) for c in code.co_consts)
     return code.co_qualname, code.co_code, consts, code.co_names
 
 
@@ -63,7 +63,8 @@ class Search:
         self.code_prints = original - buggy
         self.code_names = {p[0].rsplit(".", 1)[-1].encode() for p in self.code_prints}
         self.skip = set(job["skip"])
-        self.found, self.legit, self.unreadable, self.files = [], 0, 0, 0
+        self.private = job.get("private") or "/nonexistent"
+        self.found, self.legit, self.unreadable, self.files, self.private_files = [], 0, 0, 0, 0
 
     def hit(self, path, how):
         self.found.append({"path": path, "how": how})
@@ -121,6 +122,7 @@ class Search:
             self.unreadable += 1
             return
         self.files += 1
+        self.private_files += path.startswith(self.private + "/")
         if path in self.owned:
             self.legit += self.text_holds(data)
             return
@@ -191,10 +193,9 @@ def main():
     job = json.loads(sys.stdin.buffer.read(int(sys.argv[1])))
     search = Search(job)
     search.walk()
-    private = job.get("private", "")
     print(json.dumps({"found": search.found, "legit": search.legit, "unreadable": search.unreadable,
                       "files": search.files, "code_prints": len(search.code_prints),
-                      "private_readable": bool(private) and os.access(private, os.R_OK | os.X_OK)}))
+                      "private_files_read": search.private_files}))
 
 
 if __name__ == "__main__":

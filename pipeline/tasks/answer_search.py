@@ -7,9 +7,10 @@ and .pyc of the container the agent gets. Matches that do not count, and why:
   by name (pipeline/tasks/copies.py): the task is that tree, and a window found there is code the task
   legitimately holds twice;
 - the grader's root-only folder (`sandbox.private`, where `prepare` keeps the ignored files, bytecode and
-  egg-info included, that the grader restores): it can hold the original only if the image held ignored
-  copies of it, and it is skipped in the root pass only when the agent's pass could not open it; a folder
-  the agent can read is searched like any other.
+  egg-info included, that the grader restores): it could hold the original only if ignored copies of it
+  (bytecode) were in the work tree when `prepare` ran, which `prepare` rules out by deleting them first; it is
+  skipped in the root pass only when the agent's pass could read no file in it: a folder the agent can read
+  is searched like any other.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def search_sandbox(sandbox: Sandbox, task: Task) -> tuple[list[Found], dict]:
         agent = _probe(sandbox, {**job, "skip": list(NEVER)}, sandbox.run_as)
         found += [Found(task.instance_id, user, f["path"], f["how"]) for f in agent["found"]]
         stats["agent"] = agent
-    private_open = not user or stats["agent"]["private_readable"]
+    private_open = not user or stats["agent"]["private_files_read"] > 0
     root = _probe(sandbox, {**job, "skip": [*NEVER, *([] if private_open else [sandbox.private])]}, "")
     found += [Found(task.instance_id, "root", f["path"], f["how"]) for f in root["found"]]
     stats["root"] = root
