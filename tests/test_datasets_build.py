@@ -20,7 +20,7 @@ from pipeline.datasets import build
 from pipeline.datasets.build import batch_names, read_trajectories, trajectory_files
 from pipeline.datasets.pairs import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
-from pipeline.records import TRAJECTORY_SCHEMA, Action, Trajectory, record_schema
+from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Action, Trajectory, record_schema
 from pipeline.store import write_rows
 
 SYSTEM = {"role": "system", "content": "You fix bugs in a sandbox."}
@@ -363,18 +363,19 @@ def corrupt_pages(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+V = TRAJECTORY_SCHEMA_VERSION
 BAD_FILES = {
-    "unknown version": ("holds Trajectory schema 99, this version reads 2; rerun the rollouts",
+    "unknown version": (f"holds Trajectory schema 99, this version reads {V}; rerun the rollouts",
                         lambda p: write_rows(p, [traj("z").to_row()], record_schema(list(TRAJECTORY_SCHEMA), "99",
                                                                                     "Trajectory"))),
-    "missing columns": ("holds Trajectory schema 2 with other columns than this version's (missing ['messages'], "
+    "missing columns": (f"holds Trajectory schema {V} with other columns than this version's (missing ['messages'], "
                         "unexpected []): the schema changed without a version bump; rerun",
                         lambda p: write_rows(p, [{k: v for k, v in traj("z").to_row().items() if k != "messages"}],
                                              record_schema([f for f in TRAJECTORY_SCHEMA if f.name != "messages"],
-                                                           "2", "Trajectory"))),
+                                                           V, "Trajectory"))),
     "not parquet": (": not a readable Parquet file (", lambda p: p.write_bytes(b"PAR1 this is not parquet at all")),
     "corrupt pages": (": corrupt Parquet data (", lambda p: corrupt_pages(p)),
-    "foreign": ("holds unnamed records schema (unversioned), this version reads Trajectory schema 2 there",
+    "foreign": (f"holds unnamed records schema (unversioned), this version reads Trajectory schema {V} there",
                 lambda p: pl.DataFrame({"instance_id": ["t1"]}).write_parquet(p)),
 }
 

@@ -110,9 +110,9 @@ def program(prompt: str, rng: random.Random, cfg: HeuristicConfig) -> Generator[
     workdir = _workdir(prompt)
     for name, args in action_hint(prompt):
         if name == "submit":
-            yield Action("submit", {}, "Submitting, as the reference trajectory does.")
+            yield Action("submit", {}, narrate(name, args))
             return
-        yield Action(name, args, "Following the reference action.")
+        yield Action(name, args, narrate(name, args))
     out = yield bash(f"cd {workdir} && {SUITE}", "Run the test suite to see what fails.")
     test = failing_test(out)
     if test is None:
@@ -137,6 +137,26 @@ def program(prompt: str, rng: random.Random, cfg: HeuristicConfig) -> Generator[
                     return
             yield bash(f"git checkout -q -- '{target.path}'", "That did not fix it; undo.")
     yield Action("submit", {}, "Out of ideas; submitting what I have.")
+
+
+def narrate(name: str, args: dict) -> str:
+    """What the heuristic says before an action it replays: what it would say doing it unguided, never
+    where the action came from (a completion is trained under the prompt without the hint)."""
+    command, path = str(args.get("command", "")), str(args.get("path", ""))
+    if name == "submit":
+        return "Submitting the fix."
+    if name == "edit" and command == "view":
+        start = (args.get("view_range") or [1])[0]
+        return f"Open {path} around line {start}."
+    if name == "edit":
+        return "Try a one-line repair near the failure." if "\n" not in str(args.get("new_str", "")) \
+            else f"Repair {path}."
+    if "pytest" in command:
+        return "Re-run the failing test." if "::" in command else "Run the test suite to see what fails."
+    if "git checkout" in command:
+        return "That did not fix it; undo."
+    match = re.search(r"grep\b.*?(?:def )?(\w+)\b['\"]?\s+(?:--include|\.|\|)", command)
+    return f"Find the code for {match.group(1)}." if match else "Look around the repository."
 
 
 def resolve_targets(prompt: str, out: str, test: str, workdir: str,

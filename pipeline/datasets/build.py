@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, PROBE_SUFFIX, SFT_SCHEMA, USED, actguide_rows,
                                      candidates, dpo_rows, prepare, sft_rows)
+from pipeline.datasets.guided import guided_checks
 from pipeline.datasets.splits import Counter, token_counter
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
 from pipeline.store import check_contract
@@ -65,6 +66,12 @@ class DatasetConfig:
     """Seed of the 'random' rejected draw (the splits do not depend on it)."""
     skip_bad_files: bool = False
     """Build on without trajectory files that cannot be read (each reported with why) instead of stopping."""
+    guidance_references: Literal["drop", "rewrite"] = "drop"
+    """A guided success whose prose refers to its guidance ('Following the reference action.', a hint's own
+    term): 'drop' it from the chosen and SFT rows, or 'rewrite' that prose (tool calls untouched, recorded)."""
+    keep_ungrounded: bool = False
+    """Keep guided successes that edit a file no tool output had shown (they knew where from the hint alone)
+    as chosen and SFT rows; they are counted per guidance kind either way."""
 
     def __post_init__(self) -> None:
         if self.pairs_per_task < 1:
@@ -97,6 +104,8 @@ class BatchRows:
     dropped: dict[str, int]
     groups: dict[str, int] = field(default_factory=dict)
     """ActGuide groups by learning signal: 'mixed', 'rescued' (rows) and 'zero_advantage' (tasks, no row)."""
+    checks: dict[str, int] = field(default_factory=dict)
+    """Guided successes per '<check>.<guidance kind>' (`guided.guided_checks`)."""
 
 
 def trajectory_frame(trajectories: Iterable[Trajectory]) -> pl.DataFrame:
@@ -116,6 +125,7 @@ def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: Datase
     if not config.include_probes:
         frame = frame.filter(~pl.col("batch").str.ends_with(PROBE_SUFFIX))
     t, heavy, dropped = prepare(frame, config, count or token_counter(config.tokenizer)[0], gold)
+    t, heavy, checks = guided_checks(t, heavy, config, gold)
     chosen, rejected, pool_dropped = candidates(t, config)
     dpo, dpo_dropped = dpo_rows(chosen, rejected, heavy, config, (seen or {}).get("dpo"))
     sft, sft_dropped = sft_rows(chosen, heavy, config, (seen or {}).get("sft"))
@@ -123,7 +133,7 @@ def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: Datase
     for prefix, counts in [("", pool_dropped), ("dpo.", dpo_dropped), ("sft.", sft_dropped),
                            ("actguide.", act_dropped)]:
         dropped.update({prefix + k: v for k, v in counts.items()})
-    return BatchRows(dpo, actguide, sft, dropped, groups)
+    return BatchRows(dpo, actguide, sft, dropped, groups, checks)
 
 
 def read_trajectory_file(path: str | os.PathLike) -> pl.DataFrame:
@@ -193,6 +203,8 @@ class BuildReport:
     dropped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     """ActGuide groups by learning signal over all batches (BatchRows.groups)."""
+    checks: dict[str, int] = field(default_factory=dict)
+    """Guided successes per '<check>.<guidance kind>' over all batches (BatchRows.checks)."""
     skipped_files: list[SkippedFile] = field(default_factory=list)
     token_counter: str = ""
 
@@ -270,8 +282,9 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
             report.rows[key] = report.rows.get(key, 0) + value
         for key, value in entry["dropped"].items():
             report.dropped[key] = report.dropped.get(key, 0) + value
-        for key, value in entry["groups"].items():
-            report.groups[key] = report.groups.get(key, 0) + value
+        for name in ("groups", "checks"):
+            for key, value in entry[name].items():
+                getattr(report, name)[key] = getattr(report, name).get(key, 0) + value
         report.skipped_files += [SkippedFile(**s) for s in entry["skipped"]]
     return report
 
@@ -284,10 +297,10 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
     seen = _seen(out_dir, before)
     parts = (build_rows(frame.filter(pl.col("instance_id").is_in(ids)), config, gold, seen, count)
              for ids in task_chunks(frame))
-    rows, dropped, groups = _write_shards(out_dir, name, parts)
+    rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
     ids = sorted(frame["instance_id"].unique().to_list())
     return {"files": stamps, "before": before, "instance_ids": ids, "gold": _gold_digest(gold, ids),
-            "rows": rows, "dropped": dropped, "groups": groups, "skipped": [dataclasses.asdict(s) for s in skipped]}
+            "rows": rows, "dropped": dropped, "groups": groups, "checks": checks, "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 
 def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]:
@@ -299,13 +312,14 @@ def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]
 
 
 def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
-                  ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+                  ) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
     """Append each part's rows to the batch's shard of each kind (temporary names, renamed at the end);
-    a part is written while the next is built. Returns the row counts, the summed leftovers and groups."""
+    a part is written while the next is built. Returns the row counts and the summed leftovers, groups
+    and checks."""
     paths = {kind: shard(out_dir, kind, batch) for kind in KINDS}
     tmps = {kind: _temporary(path) for kind, path in paths.items()}
     writers = {kind: pq.ParquetWriter(tmps[kind], schema, compression=COMPRESSION) for kind, schema in KINDS.items()}
-    rows, dropped, groups, pending = dict.fromkeys(KINDS, 0), {}, {}, []
+    rows, dropped, groups, checks, pending = dict.fromkeys(KINDS, 0), {}, {}, {}, []
 
     def append(kind: str, part: BatchRows) -> None:
         table = rows_table(getattr(part, kind), KINDS[kind])
@@ -324,6 +338,8 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
                     dropped[key] = dropped.get(key, 0) + value
                 for key, value in part.groups.items():
                     groups[key] = groups.get(key, 0) + value
+                for key, value in part.checks.items():
+                    checks[key] = checks.get(key, 0) + value
             for done in pending:
                 done.result()
         for kind, writer in writers.items():
@@ -334,7 +350,7 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
         for kind, writer in writers.items():
             writer.close()
             Path(tmps[kind]).unlink(missing_ok=True)
-    return rows, dropped, groups
+    return rows, dropped, groups, checks
 
 
 def _temporary(path: Path) -> str:

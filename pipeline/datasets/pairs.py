@@ -35,11 +35,13 @@ DPO_SCHEMA = record_schema(columns(
     ("prompt", CHAT), ("chosen", CHAT), ("rejected", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR),
     ("batch", STR), ("chosen_source", STR), ("chosen_rollout_id", STR), ("rejected_rollout_id", STR),
     ("prompt_tokens", INT), ("chosen_tokens", INT), ("rejected_tokens", INT), ("chosen_hash", STR),
-    ("rejected_hash", STR)), "1", "PreferencePair")
+    ("rejected_hash", STR), ("chosen_rewrites", STR), ("chosen_hint_has_gold", BOOL)), "2", "PreferencePair")
+"""`chosen_rewrites`: JSON list of the chosen completion's prose rewrites ({"message", "reason", "removed"}),
+'[]' when it is as sampled; `chosen_hint_has_gold`: the chosen attempt's hint held a line of the gold patch."""
 SFT_SCHEMA = record_schema(columns(
     ("messages", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR), ("batch", STR), ("source", STR),
     ("rollout_id", STR), ("reward", FLOAT), ("prompt_tokens", INT), ("completion_tokens", INT),
-    ("completion_hash", STR)), "1", "SFTExample")
+    ("completion_hash", STR), ("rewrites", STR), ("hint_has_gold", BOOL)), "2", "SFTExample")
 MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", STR), pa.field("sample_index", INT),
                          pa.field("reward", FLOAT), pa.field("resolved", BOOL), pa.field("completion", CHAT),
                          pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32())))])
@@ -228,13 +230,17 @@ def _unique_completions(pool: pl.DataFrame, dropped: dict[str, int]) -> pl.DataF
 
 
 def candidates(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
-    """(chosen, rejected, dropped): successes allowed by `chosen_sources`, without gold patches, and
-    unguided failures picked by `rejected`; each deduplicated by completion within its task."""
+    """(chosen, rejected, dropped): successes allowed by `chosen_sources`, without prose referring to guidance
+    (under `guidance_references: drop`), ungrounded edits (unless kept) or gold patches, and unguided failures
+    picked by `rejected`; each deduplicated by completion within its task. `t` has `guided_checks`' flags."""
     dropped: dict[str, int] = {}
     origin = pl.col("origin")
     allowed = {"guided_and_unguided": pl.lit(True), "guided_only": origin != "unguided",
                "unguided_only": origin == "unguided"}[config.chosen_sources]
-    chosen = _drop(t.filter((pl.col("reward") > 0) & allowed), pl.col("gold_leak"), "gold_patch", dropped)
+    chosen = t.filter((pl.col("reward") > 0) & allowed)
+    chosen = _drop(chosen, pl.col("refers") & (config.guidance_references == "drop"), "refers_to_guidance", dropped)
+    chosen = _drop(chosen, pl.col("ungrounded") & (not config.keep_ungrounded), "ungrounded", dropped)
+    chosen = _drop(chosen, pl.col("gold_leak"), "gold_patch", dropped)
     chosen = _unique_completions(chosen.sort(TASK + ["source_rank", "sample_index", "rollout_id"]), dropped)
     rejected = t.filter((origin == "unguided") & (pl.col("reward") <= 0))
     rejected = _unique_completions(rejected.sort(TASK + ["sample_index", "rollout_id"]), dropped)
@@ -265,6 +271,7 @@ def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, heavy: pl.DataFrame, 
     `order_pairs` order; never identical completions, pairs across prompts, or keys in `seen`."""
     dropped: dict[str, int] = {}
     c = chosen.select(TASK + ["tools", "source", "prompt_tokens", pl.col("rank").alias("ci"),
+                              pl.col("hint_gold").alias("chosen_hint_has_gold"),
                               pl.col("n").alias("n_chosen"), pl.col("rollout_id").alias("chosen_rollout_id"),
                               pl.col("completion_hash").alias("chosen_hash"), pl.col("prompt_key").alias("c_key"),
                               pl.col("completion_tokens").alias("chosen_tokens"), pl.col("row").alias("c_row")])
@@ -278,13 +285,14 @@ def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, heavy: pl.DataFrame, 
     pairs = _unseen(pairs, seen, ["instance_id", "chosen_hash", "rejected_hash"], dropped, "seen_before")
     pairs = pairs.sort(TASK + ["order"]).with_columns(slot=pl.int_range(pl.len()).over(TASK))
     pairs = _drop(pairs, pl.col("slot") >= config.pairs_per_task, "over_pairs_per_task", dropped)
-    rows = _gathered(pairs, heavy, prompt=("prompt_chat", "c_row"), chosen=("completion", "c_row"),
-                     rejected=("completion", "r_row"))
+    rows = _gathered(pairs, heavy, prompt=("prompt_chat", "c_row"), chosen=("chosen_completion", "c_row"),
+                     rejected=("completion", "r_row"), chosen_rewrites=("rewrites", "c_row"))
     return rows.select(
         "prompt", "chosen", "rejected", "tools", "instance_id",
         split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
         pl.col("source").alias("chosen_source"), "chosen_rollout_id", "rejected_rollout_id", "prompt_tokens",
-        "chosen_tokens", "rejected_tokens", "chosen_hash", "rejected_hash"), dropped
+        "chosen_tokens", "rejected_tokens", "chosen_hash", "rejected_hash", "chosen_rewrites",
+        "chosen_hint_has_gold"), dropped
 
 
 def sft_rows(chosen: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig", seen: pl.DataFrame | None = None
@@ -292,11 +300,13 @@ def sft_rows(chosen: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
     """SFT_SCHEMA rows: every chosen candidate as unguided prompt + completion, in candidate order."""
     dropped: dict[str, int] = {}
     rows = _unseen(chosen, seen, ["instance_id", "completion_hash"], dropped, "seen_before")
-    rows = _gathered(rows, heavy, prompt_chat=("prompt_chat", "row"), completion=("completion", "row"))
+    rows = _gathered(rows, heavy, prompt_chat=("prompt_chat", "row"), completion=("chosen_completion", "row"),
+                     rewrites=("rewrites", "row"))
     return rows.select(
         pl.concat_list("prompt_chat", "completion").alias("messages"), "tools", "instance_id",
         split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
-        "source", "rollout_id", "reward", "prompt_tokens", "completion_tokens", "completion_hash"), dropped
+        "source", "rollout_id", "reward", "prompt_tokens", "completion_tokens", "completion_hash", "rewrites",
+        pl.col("hint_gold").alias("hint_has_gold")), dropped
 
 
 def _actions_json(actions: pl.Series) -> pl.Series:

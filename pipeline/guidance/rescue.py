@@ -16,6 +16,7 @@ from typing import Literal
 from pipeline.agent.policy import Policy
 from pipeline.guidance.actions import action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
     reference_actions
+from pipeline.guidance.references import hint_leaks_gold
 from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, flag_leaks
 # Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Guidance, GuidancePlan, Task, Trajectory
@@ -146,7 +147,9 @@ def _action_plan(task: Task, successes: list[Trajectory], imported: dict[str, li
     probe = _prober(task, actions, policy, rollout, out, batch, sandboxes)
     found = min_guidance_prefix(len(actions), probe, config.probes_per_step, config.max_search_steps)
     linear = linear_prefix(len(actions), probe, config.probes_per_step) if config.compare_linear else None
-    return GuidancePlan(iid, "action", action_hint(actions, found.k_star), source, actions=tuple(actions),
+    text = action_hint(actions, found.k_star)
+    leaked = hint_leaks_gold(text, actions[:found.k_star], task.patch)  # kept, flagged: the expert's edits ARE gold
+    return GuidancePlan(iid, "action", text, source, actions=tuple(actions), leaked=leaked,
                         action_source=source, K=found.K, k_star=found.k_star, found=found.found,
                         search_steps=found.steps, probes=found.probes,
                         linear_k=linear.k_star if linear else -1, linear_probes=linear.probes if linear else 0)

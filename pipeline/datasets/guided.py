@@ -1,0 +1,69 @@
+"""The checks a guided success passes before it is trained under the unguided prompt (pipeline.guidance.references).
+
+`guided_checks` flags, for every guided success (probes included), whether its prose refers to its guidance,
+whether it edited a file no tool output had shown (ungrounded), and whether its hint held a line of the gold
+patch; with `guidance_references: rewrite` it also writes the completion a chosen row takes, the referring
+prose removed and each rewrite recorded. The counts are per guidance kind.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from pipeline.guidance.references import guidance_references, hint_leaks_gold, ungrounded, without_references
+
+if TYPE_CHECKING:
+    from pipeline.datasets.build import DatasetConfig
+
+FLAGS = ("refers", "ungrounded", "hint_gold")
+REFERENCE_COUNT = {"drop": "references_dropped", "rewrite": "references_rewritten"}
+
+
+def _shown_actions(actions: list[dict], k: int) -> list[dict]:
+    """The reference actions a k-prefix hint showed, args decoded."""
+    return [{"name": a["name"], "args": json.loads(a["args"] or "{}")} for a in actions[:max(k, 0)]]
+
+
+def _prompt_text(prompt: list[dict]) -> str:
+    return "\n".join(m["content"] or "" for m in prompt)
+
+
+def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig", gold: dict[str, str] | None
+                  ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
+    """(t with FLAGS columns, heavy with `chosen_completion` and `rewrites` (JSON) columns, counts per kind)."""
+    successes = t.filter((pl.col("origin") != "unguided") & (pl.col("reward") > 0))
+    completions = heavy["completion"].gather(successes["row"]).to_list()
+    prompts = heavy["prompt_chat"].gather(successes["row"]).to_list()
+    flags: dict[str, list[bool]] = {name: [] for name in FLAGS}
+    rewritten: dict[int, tuple[list[dict], list[dict]]] = {}
+    counts: dict[str, int] = {}
+    for s, completion, prompt in zip(successes.iter_rows(named=True), completions, prompts):
+        prompt_text, kind = _prompt_text(prompt), s["guidance_kind"]
+        refers = bool(guidance_references(completion, s["guidance_text"], prompt_text))
+        shown = _shown_actions(s["guidance_actions"], s["guidance_k"])
+        row_flags = {"refers": refers, "ungrounded": bool(ungrounded(completion)),
+                     "hint_gold": hint_leaks_gold(s["guidance_text"], shown, (gold or {}).get(s["instance_id"], ""))}
+        for name, value in row_flags.items():
+            flags[name].append(value)
+        if refers and config.guidance_references == "rewrite":
+            rewritten[s["row"]] = without_references(completion, s["guidance_text"], prompt_text)
+        for key, on in [(REFERENCE_COUNT[config.guidance_references], refers),
+                        ("ungrounded_kept" if config.keep_ungrounded else "ungrounded_left_out",
+                         row_flags["ungrounded"]), ("hint_has_gold", row_flags["hint_gold"])]:
+            counts[f"{key}.{kind}"] = counts.get(f"{key}.{kind}", 0) + on
+    marked = successes.select("row", *[pl.Series(name, values, dtype=pl.Boolean) for name, values in flags.items()])
+    t = t.join(marked, on="row", how="left", maintain_order="left").with_columns(pl.col(FLAGS).fill_null(False))
+    return t, _with_rewrites(heavy, rewritten), counts
+
+
+def _with_rewrites(heavy: pl.DataFrame, rewritten: dict[int, tuple[list[dict], list[dict]]]) -> pl.DataFrame:
+    """heavy plus `chosen_completion` (the completion, or its rewrite) and `rewrites` (JSON, '[]' when none)."""
+    chosen, notes = heavy["completion"], pl.Series("rewrites", ["[]"] * heavy.height, dtype=pl.String)
+    if rewritten:
+        rows = pl.Series(list(rewritten), dtype=pl.UInt32)
+        chosen = chosen.scatter(rows, pl.Series([c for c, _ in rewritten.values()], dtype=chosen.dtype))
+        notes = notes.scatter(rows, pl.Series([json.dumps(r) for _, r in rewritten.values()], dtype=pl.String))
+    return heavy.with_columns(chosen_completion=chosen, rewrites=notes)

@@ -1,0 +1,195 @@
+"""Whether a guided completion leans on guidance it will be trained without.
+
+A chosen completion is trained under the unguided prompt, so it must read as if no guidance had been
+given. Four checks, on completions in either tool format (native `tool_calls`, or the text format's
+`<tool_call>` in the content and `<tool_response>` user turns):
+- `quotes_guidance`: the assistant's prose shares a run of n words with the hint;
+- `guidance_references`: an assistant turn's prose refers to guidance ("Following the reference
+  action.", "as the hint suggests", "step 3 of the plan") or names a term of the hint's own that neither
+  the task prompt nor any earlier tool output showed; `without_references` rewrites only that prose;
+- `ungrounded`: a file is edited before any tool output showed it (its content, or its path);
+- `hint_leaks_gold`: the hint shown (its text and the edits of its actions) holds a line the gold adds.
+Prose never includes tool-call arguments: running a hinted command verbatim is acting, not quoting.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator
+
+from pipeline.agent.textformat import CLOSE, OPEN
+from pipeline.guidance.teacher import leaks_patch
+
+REFERENCE_PHRASES = (  # how a policy talks about help it was given (case-insensitive)
+    r"\breference (action|trajector|step|solution|fix|hint|edit|command)",
+    r"\b(the|a|this|that|your|given|provided|my) (hint|hints|guidance)\b",
+    r"\b(as|like|what) (the |my )?(hint|guidance|plan|reference|teacher|instructions?) "
+    r"(says?|said|suggests?|suggested|shows?|showed|indicates?|recommends?|describes?|tells?|told)\b",
+    r"\b(following|follow|per|according to|as in) (the |my )?(hint|guidance|plan|reference|teacher)\b",
+    r"\bstep \d+ of the (plan|hint|guidance|reference|trajectory)\b",
+    r"\bas (suggested|instructed|advised|hinted)\b",
+    r"\b(hinted|teacher)\b",
+)
+REFERENCE = re.compile("|".join(f"(?:{p})" for p in REFERENCE_PHRASES), re.I)
+TOOL_CALL = re.compile(re.escape(OPEN) + r".*?(?:" + re.escape(CLOSE) + r"|$)", re.S)
+TERM = re.compile(r"`([^`\n]{3,80})`|([\w./-]+\.(?:py|cfg|toml|txt|json|yaml|yml|ini|rst|md))\b"
+                  r"|\b([A-Za-z_]\w*_\w+|[a-z]+[A-Z]\w*)\b")
+SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)\s*")
+EDITS = {"str_replace", "insert"}
+
+
+def prose(message: dict) -> str:
+    """What an assistant turn says in words: its content less any text-format tool call."""
+    if message.get("role") != "assistant":
+        return ""
+    return TOOL_CALL.sub(" ", message.get("content") or "")
+
+
+def calls(message: dict) -> list[tuple[str, dict]]:
+    """(name, arguments) of an assistant turn's tool calls, native or in the text format."""
+    if message.get("role") != "assistant":
+        return []
+    found = []
+    for call in message.get("tool_calls") or []:
+        found.append((call["function"]["name"], _arguments(call["function"].get("arguments"))))
+    for body in re.findall(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), message.get("content") or "", re.S):
+        parsed = _arguments(body)
+        found.append((str(parsed.get("name", "")), parsed.get("arguments") or {}))
+    return found
+
+
+def output(message: dict) -> str | None:
+    """A tool's output carried by the message (a tool turn, or a text-format `<tool_response>`); else None."""
+    content = message.get("content") or ""
+    if message.get("role") == "tool":
+        return content
+    if message.get("role") == "user" and content.lstrip().startswith("<tool_response>"):
+        return content
+    return None
+
+
+def _arguments(text: Any) -> dict:
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def quotes_guidance(messages: tuple[dict, ...] | list[dict], hint: str, n: int = 8) -> bool:
+    """True when the assistant's prose (never its tool-call arguments) shares a run of n words with the hint."""
+    grams = _ngrams(hint, n)
+    said = " ".join(prose(m) for m in messages)
+    return bool(grams & _ngrams(said, n))
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def hint_terms(hint: str, prompt: str) -> set[str]:
+    """The hint's own terms (quoted spans, file names, identifiers) that the task prompt does not hold."""
+    terms = {next(g for g in match.groups() if g) for match in TERM.finditer(hint)}
+    return {t for t in terms if t.lower() not in prompt.lower() and t not in ("old_str", "new_str", "view_range")}
+
+
+def guidance_references(messages: list[dict], hint: str, prompt: str) -> list[tuple[int, str]]:
+    """(message index, what) of each assistant turn whose prose refers to guidance: a phrase of
+    REFERENCE_PHRASES, or a hint term no earlier tool output (nor the prompt) showed."""
+    found, seen, terms = [], prompt.lower(), hint_terms(hint, prompt) if hint else set()
+    for i, message in enumerate(messages):
+        reason = _reference(prose(message), terms, seen)
+        if reason:
+            found.append((i, reason))
+        seen += "\n" + (output(message) or "").lower()
+    return found
+
+
+def _reference(text: str, terms: set[str], seen: str) -> str:
+    match = REFERENCE.search(text)
+    if match:
+        return f"phrase: {match.group(0)}"
+    term = next((t for t in sorted(terms) if t.lower() in text.lower() and t.lower() not in seen), "")
+    return f"hint term: {term}" if term else ""
+
+
+def without_references(messages: list[dict], hint: str, prompt: str) -> tuple[list[dict], list[dict]]:
+    """(messages, rewrites): each referring turn's prose less its referring sentences, tool calls untouched;
+    a rewrite per turn, {"message", "reason", "removed" (sentences)}."""
+    terms, seen, out, rewrites = hint_terms(hint, prompt) if hint else set(), prompt.lower(), [], []
+    for i, message in enumerate(messages):
+        if _reference(prose(message), terms, seen):
+            kept, removed = _rewritten(message.get("content") or "", terms, seen)
+            rewrites.append({"message": i, "reason": _reference(prose(message), terms, seen), "removed": removed})
+            message = {**message, "content": kept}
+        out.append(message)
+        seen += "\n" + (output(message) or "").lower()
+    return out, rewrites
+
+
+def _rewritten(content: str, terms: set[str], seen: str) -> tuple[str, int]:
+    """The content without its referring sentences (text-format tool calls kept as they are)."""
+    parts, kept, removed, last = [], [], 0, 0
+    for call in TOOL_CALL.finditer(content):
+        parts += [(content[last:call.start()], True), (call.group(0), False)]
+        last = call.end()
+    parts.append((content[last:], True))
+    for text, is_prose in parts:
+        if not is_prose:
+            kept.append(text)
+            continue
+        for sentence in SENTENCE.findall(text):
+            if _reference(sentence, terms, seen):
+                removed += 1
+            else:
+                kept.append(sentence)
+    return "".join(kept).strip(), removed
+
+
+def edited_paths(name: str, args: dict) -> list[str]:
+    """Existing files a tool call changes: the edit tool's path (str_replace, insert), or `sed -i`'s files.
+    Creating a file needs no knowledge of it, and a redirect mostly writes scratch output: neither counts."""
+    if name == "edit" and args.get("command") in EDITS and args.get("path"):
+        return [str(args["path"])]
+    command = str(args.get("command", "")) if name == "bash" else ""
+    if not re.search(r"\bsed\s+(-\w+\s+)*-i", command):
+        return []
+    return re.findall(r"[\w./-]+\.(?:py|cfg|toml|txt|json|ya?ml|ini)\b", command)
+
+
+def _shows(path: str, shown: str) -> bool:
+    name = path.removeprefix("./").lstrip("/").lower()
+    return name in shown or name.rsplit("/", 1)[-1] in shown
+
+
+def ungrounded(messages: list[dict]) -> list[str]:
+    """Files edited before any tool output showed them: their path in an output (a listing, search or
+    traceback), or their content (an earlier call naming the file whose output was not an error)."""
+    shown, reads, found = "", "", []
+    for message in messages:
+        text = output(message)
+        if text is not None:
+            failed = re.sub(r"^\s*(<tool_response>\s*)?", "", text).lower().startswith("error")
+            shown += "\n" + text.lower() + ("" if failed else "\n" + reads)
+            continue
+        reads = ""
+        for name, args in calls(message):
+            writes = edited_paths(name, args)
+            found += [p for p in writes if not _shows(p, shown) and p not in found]
+            reads += "" if writes else " " + json.dumps(args).lower()
+    return found
+
+
+def action_edits(actions: list[dict]) -> str:
+    """The text reference actions write into files (their new_str / file_text), decoded from JSON."""
+    return "\n".join(str(a["args"].get(key, "")) for a in actions for key in ("new_str", "file_text")
+                     if isinstance(a.get("args"), dict) and a["args"].get(key))
+
+
+def hint_leaks_gold(text: str, actions: list[dict], patch: str) -> bool:
+    """True when the hint shown (its text, and what its actions write) holds a line the gold patch adds."""
+    return bool(patch) and leaks_patch(text + "\n" + action_edits(actions), patch)
