@@ -80,14 +80,15 @@ def render(tokenizer, messages, tools, **kwargs) -> str:
 
 
 def assistant_pieces(tokenizer, messages, tools) -> list[str]:
-    """Each assistant turn's text after its `<|im_start|>assistant` header, rendered message by message."""
+    """Each assistant turn's text as the policy samples it: after the generation prompt, through `<|im_end|>`
+    (not the newline the template writes after it), rendered message by message."""
     pieces = []
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
-            before = render(tokenizer, messages[:i], tools) + "<|im_start|>assistant"
+            before = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
             after = render(tokenizer, messages[: i + 1], tools)
             assert after.startswith(before)  # the template renders earlier messages the same
-            pieces.append(after[len(before):])
+            pieces.append(after[len(before):].split("<|im_end|>")[0] + "<|im_end|>")
     return pieces
 
 
@@ -137,8 +138,7 @@ def test_preference_row_scores_only_the_assistant_turns_of_each_completion(token
     for side in ("chosen", "rejected"):
         messages = prompt + template_row[side]
         assert tokenizer.decode(out["prompt_ids"] + out[f"{side}_ids"]) == render(tokenizer, messages, tools)
-        # The first turn's newline ends the prompt's generation prompt `<|im_start|>assistant\n`
-        expected = "".join(assistant_pieces(tokenizer, messages, tools))[1:]
+        expected = "".join(assistant_pieces(tokenizer, messages, tools))
         assert masked_text(tokenizer, out[f"{side}_ids"], out[f"{side}_mask"]) == expected
     assert not out["dropped"] and out["chosen_cut_tokens"] == out["rejected_cut_tokens"] == 0
 
@@ -183,7 +183,8 @@ def test_truncation_keeps_the_prompt_and_cuts_whole_turns(tokenizer, budget_end,
         kept_length = rendered_length(tokenizer, template_row, side, end)
         assert len(out["prompt_ids"]) + len(out[f"{side}_ids"]) == kept_length
         assert out[f"{side}_cut_tokens"] == full - kept_length
-        assert out[f"{side}_mask"][-1] == 1  # the completion ends inside an assistant turn
+        # the completion ends with an assistant turn: its sampled end of turn, then the template's newline
+        assert out[f"{side}_mask"][-2:] == [1, 0] and tokenizer.decode(out[f"{side}_ids"][-2:]) == "<|im_end|>\n"
 
 
 def collate(tokenizer, rows, collator):
@@ -279,8 +280,12 @@ def test_sft_step_with_assistant_only_loss_matches_the_dpo_mask(tiny_dir, tmp_pa
                      per_device_train_batch_size=2, logging_steps=1, save_strategy="no", report_to=[],
                      use_cpu=True, seed=0)
     trainer = SFTTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset)
+    newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
     for prepared, template_row in zip(trainer.train_dataset, template_rows, strict=True):
         ids, mask = assistant_token_mask(tokenizer, template_row["messages"], template_row["tools"])
-        assert prepared["labels"] == [token if bit else -100 for token, bit in zip(ids, mask, strict=True)]
+        trl = [int(label != -100) for label in prepared["labels"]]
+        # TRL scores the whole generation span; the policy sampled it less the newline before and after each turn
+        extra = [token for token, ours, theirs in zip(ids, mask, trl, strict=True) if theirs and not ours]
+        assert extra == newline * 2 * 3 and all(theirs for ours, theirs in zip(mask, trl) if ours)
     history = train(trainer)
     assert len(history) == 3 and history[-1] < history[0]

@@ -30,6 +30,8 @@ from trl.data_utils import common_prefix_length
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 from trl.trainer.utils import global_then_local_main_first, pad
 
+from training.tokens import end_of_turn_ids
+
 logger = logging.getLogger(__name__)
 
 SIDES = ("chosen", "rejected")
@@ -92,10 +94,47 @@ def training_chat_template(tokenizer) -> str:
 
 def assistant_token_mask(tokenizer, messages: list[dict], tools: list[dict] | None = None,
                          chat_template: str | None = None) -> tuple[list[int], list[int]]:
-    """Token ids of the rendered conversation, and 1 on each token inside a `{% generation %}` span."""
+    """Token ids of the rendered conversation, and 1 on each token the policy sampled: a `{% generation %}`
+    span without the generation prompt's tokens it starts with and the template tokens after its end of turn
+    (TRL's Qwen2.5 and Qwen3 spans hold the newline after `assistant` and the one after `<|im_end|>`)."""
     out = tokenizer.apply_chat_template(messages, tools=tools, chat_template=chat_template, tokenize=True,
                                         return_dict=True, return_assistant_tokens_mask=True)
-    return list(out["input_ids"]), list(out["assistant_masks"])
+    ids = list(out["input_ids"])
+    return ids, sampled_spans(ids, list(out["assistant_masks"]), generation_prompt_ids(tokenizer, chat_template),
+                              end_of_turn_ids(tokenizer))
+
+
+def generation_prompt_ids(tokenizer, chat_template: str | None) -> list[int]:
+    """What the template appends to a chat to ask for an assistant turn (`<|im_start|>assistant\n`)."""
+    probe = [{"role": "user", "content": "x"}]
+
+    def render(generation: bool) -> list[int]:
+        return list(tokenizer.apply_chat_template(probe, chat_template=chat_template, tokenize=True,
+                                                  return_dict=True, add_generation_prompt=generation)["input_ids"])
+
+    plain, asking = render(False), render(True)
+    return asking[len(plain):] if asking[:len(plain)] == plain else []
+
+
+def sampled_spans(ids: list[int], mask: list[int], generation: list[int], ends: set[int]) -> list[int]:
+    """`mask` with each span trimmed: leading tokens that complete the generation prompt, and every token
+    after the span's first end-of-turn token."""
+    out = list(mask)
+    position = 0
+    while position < len(out):
+        if not out[position]:
+            position += 1
+            continue
+        stop = position
+        while stop < len(out) and out[stop]:
+            stop += 1
+        lead = next((k for k in range(len(generation) + 1) if k <= stop - position and position + k >= len(generation)
+                     and ids[position + k - len(generation):position + k] == generation), 0)
+        end = next((j + 1 for j in range(position, stop) if ids[j] in ends), stop)
+        for j in list(range(position, position + lead)) + list(range(end, stop)):
+            out[j] = 0
+        position = stop
+    return out
 
 
 def tokenize_preference_row(row: dict[str, Any], tokenizer, policy: TruncationPolicy,
