@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from pipeline.agent.policy import PolicyIdentity
 from training.actguide import ActGuideTrainer, prepare_examples
+from training.common import TrainingDataError
 from training.config import ActGuideTrainingConfig
 from training.tiny_model import IM_END, build_tiny_model
 
@@ -143,3 +144,62 @@ def test_replace_trains_on_the_guided_attempts_alone(tokenizer):
     config = ActGuideTrainingConfig(guided_group="replace", behaviour_logprobs="stored")
     examples, _ = prepare_examples(rows, tokenizer, config, IDENTITY)
     assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({**MIXED, "b_g0": 1.0, "b_g1": -1.0})
+
+
+def test_counts_say_where_each_trajectorys_tokens_came_from(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    _, stored = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="stored"), IDENTITY)
+    assert stored == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "too_long": 0, "stored_tokens": 7,
+                      "rendered_tokens": 0}
+    other = PolicyIdentity("toy", IDENTITY.revision, "another template")  # its ids would not be this template's
+    _, rendered = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"), other)
+    assert (rendered["stored_tokens"], rendered["rendered_tokens"]) == (0, 7)
+    same = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"), IDENTITY)
+    assert (same[1]["stored_tokens"], same[1]["rendered_tokens"]) == (7, 0)
+    assert all(e.recorded is None for e in same[0])  # recomputed: the stored numbers are not the behaviour
+
+
+def test_a_partly_solved_task_keeps_its_unguided_group(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    rescued = rows[1]
+    solved = {**rescued, "trajectories": [{**rescued["trajectories"][0], "reward": 1.0, "resolved": True}]
+              + rescued["trajectories"][1:]}
+    examples, counts = prepare_examples([solved], tokenizer, ActGuideTrainingConfig(), IDENTITY)
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({"b_u0": 1.0, "b_u1": -1.0})
+    assert counts["guided_groups"] == 0
+
+
+def refusal(tokenizer, change) -> str:
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    rows[0]["trajectories"][1] = change(rows[0]["trajectories"][1])
+    with pytest.raises(TrainingDataError) as info:
+        prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="stored"), IDENTITY)
+    assert str(info.value).endswith("set training.actguide.behaviour_logprobs: recompute to compute the behaviour "
+                                    "policy with the starting model instead")
+    return str(info.value)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda m: {**m, "token_ids": None, "policy_model": ""},
+     "trajectory u1 has no stored token ids and log-probs for every turn (policy unknown); "),
+    (lambda m: {**m, "logprobs": [None]}, "trajectory u1 has no stored token ids and log-probs for every turn (policy toy)"),
+    (lambda m: {**m, "prompt_token_ids": m["prompt_token_ids"] * 2}, "has no stored token ids"),
+    (lambda m: {**m, "policy_revision": "sha256:other"},
+     "trajectory u1 was not sampled by the starting model: weights sha256:other (policy toy) vs sha256:toy (toy); "),
+    (lambda m: {**m, "chat_template_hash": "other"},
+     "trajectory u1 was not sampled by the starting model: chat template other vs template; "),
+])
+def test_stored_logprobs_are_refused_unless_the_starting_model_sampled_them(tokenizer, change, says):
+    assert says in refusal(tokenizer, change)
+
+
+def test_stored_ids_that_do_not_continue_their_prompt_are_refused(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    member = rows[0]["trajectories"][0]
+    rows[0]["trajectories"][0] = {**member, "prompt_token_ids": [[5] + member["prompt_token_ids"][0]]}
+    with pytest.raises(TrainingDataError, match="trajectory u0 turn 0: its stored context does not start with its "
+                                                "prompt as this tokenizer renders it; set training.actguide"):
+        prepare_examples(rows, tokenizer, ActGuideTrainingConfig(), IDENTITY)
+    examples, counts = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"),
+                                        IDENTITY)
+    assert counts["rendered_tokens"] == 1 and counts["stored_tokens"] == 6  # u0 re-rendered from its text

@@ -84,3 +84,54 @@ def test_a_turn_whose_context_is_not_an_extension_starts_a_new_segment():
     guided = [Turn([8, 1, 2], [1, 2], [3], None), Turn([8, 1, 2, 3, 5], [1, 2, 3, 5], [6], None)]
     (merged,) = segments(guided)  # the hint swapped out of both contexts alike: still one segment
     assert (merged.sampled_prompt_ids, merged.prompt_ids, merged.response_ids) == ([8, 1, 2], [1, 2], [3, 5, 6])
+
+
+@pytest.mark.slow
+def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_dir, tmp_path):
+    """Attempts of the tiny model (a mixed group: one paid), through to_trajectory, Parquet, the dataset build
+    and the trainer: the behaviour log-probs are the stored numbers on the stored ids."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.agent.hf_policy import LocalHFPolicy, LocalHFPolicyConfig
+    from pipeline.agent.identity import local_identity
+    from pipeline.agent.loop import AgentConfig, run_attempt
+    from pipeline.datasets import DatasetConfig, build_rows
+    from pipeline.records import TRAJECTORY_SCHEMA, Task, Trajectory
+    from pipeline.rollouts import NO_GUIDANCE, Job, to_trajectory
+    from pipeline.store import read_records, write_rows
+    from sandbox.local_sandbox import LocalSandbox
+    from tests.test_agent_loop import make_repo
+    from training.actguide import ActGuideTrainer, prepare_examples
+    from training.config import ActGuideTrainingConfig
+
+    policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(tiny_dir), max_new_tokens=8))
+    stored = []
+    with LocalSandbox(make_repo(tmp_path / "repo"), timeout=60) as sandbox:
+        task = Task(instance_id="calc-1", repo="demo/calc", base_commit=sandbox.base_commit, patch="", test_patch="",
+                    problem_statement="add subtracts", FAIL_TO_PASS=(), PASS_TO_PASS=(), image="",
+                    workdir=sandbox.workdir, test_cmd="pytest", log_parser="pytest", source="synth")
+        for i in range(2):
+            attempt = run_attempt(task, policy, sandbox, AgentConfig(max_steps=2, max_format_errors=5), seed=i)
+            traj = to_trajectory(Job(task, i, i, NO_GUIDANCE, "g", f"r{i}"), policy, "b1", attempt, None, "", 0)
+            stored.append(dataclasses.replace(traj, reward=float(i), resolved=bool(i)))  # the grade, given
+    path = write_rows(tmp_path / "t.parquet", [t.to_row() for t in stored], TRAJECTORY_SCHEMA)
+    stored = [Trajectory.from_row(r) for r in read_records(path, TRAJECTORY_SCHEMA)]
+    rows = build_rows(stored, DatasetConfig(test_fraction=0.0)).actguide.to_dicts()
+    config = ActGuideTrainingConfig(batch_size=4)  # behaviour_logprobs: stored
+    starting = local_identity(str(tiny_dir), str(tiny_dir), policy.tokenizer.chat_template)
+    examples, counts = prepare_examples(rows, policy.tokenizer, config, starting)
+    assert (counts["stored_tokens"], counts["rendered_tokens"]) == (2, 0)
+    for example in examples:
+        traj = next(t for t in stored if t.rollout_id == example.rollout_id)
+        assert example.recorded == [x for turn in traj.logprobs for x in turn]
+        sampled = [tok for s in example.segments for tok, bit in zip(s.response_ids, s.mask) if bit]
+        assert sampled == [tok for turn in traj.token_ids for tok in turn]  # the ids it sampled, no re-tokenizing
+        assert example.segments[0].prompt_ids == list(traj.prompt_token_ids[0])
+    trainer = ActGuideTrainer(AutoModelForCausalLM.from_pretrained(tiny_dir), policy.tokenizer, examples, config)
+    for i, example in enumerate(examples):
+        assert torch.equal(trainer.behaviour[i], torch.tensor(example.recorded))
+        with torch.no_grad():  # the starting model on the stored ids gives back the stored numbers
+            assert torch.allclose(trainer._logps([i], guided=True)[0], trainer.behaviour[i], atol=1e-4)

@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
-from pipeline.records import BOOL, FLOAT, INT, STR, columns, record_schema
+from pipeline.records import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
 
 if TYPE_CHECKING:
     from pipeline.datasets.build import DatasetConfig
@@ -44,7 +44,10 @@ SFT_SCHEMA = record_schema(columns(
     ("completion_hash", STR), ("rewrites", STR), ("hint_has_gold", BOOL)), "2", "SFTExample")
 MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", STR), pa.field("sample_index", INT),
                          pa.field("reward", FLOAT), pa.field("resolved", BOOL), pa.field("completion", CHAT),
-                         pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32())))])
+                         pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32()))),
+                         pa.field("prompt_token_ids", TURN_IDS), pa.field("token_ids", TURN_IDS),
+                         pa.field("policy_model", STR), pa.field("policy_revision", STR),
+                         pa.field("chat_template_hash", STR)])
 ACTGUIDE_SCHEMA = record_schema(columns(
     ("prompt", CHAT), ("guided_prompt", CHAT), ("tools", STR), ("actions", STR), ("K", INT), ("k_star", INT),
     ("group_kind", STR), ("trajectories", pa.list_(MEMBER_TYPE)), ("instance_id", STR), ("split", STR),
@@ -60,9 +63,10 @@ PROBE_SUFFIX = "-probes"  # rescue.probe_batch stores the probes of batch B unde
 KIND_ORDER = ("plan", "environment_feedback", "environment_interaction", "action")  # teacher.KINDS + action
 ORIGIN_ORDER = ("unguided", "guided", "probe")  # chosen candidates: on-policy successes first
 TASK = ["base_batch", "instance_id"]
-HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs"]
+HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs", "prompt_token_ids", "token_ids"]
 USED = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
-        "guidance_actions", "guidance_k", "tools", "reward", "resolved", "infra_error", "quotes_guidance"] + HEAVY
+        "guidance_actions", "guidance_k", "tools", "reward", "resolved", "infra_error", "quotes_guidance",
+        "policy_model", "policy_revision", "chat_template_hash"] + HEAVY
 """The trajectory columns the builders read."""
 
 
@@ -182,7 +186,8 @@ def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: 
     t = t.with_columns(**{name: count(stored[source]).gather(t["row"]) for name, source in [
         ("prompt_tokens", "unguided_prompt"), ("guided_prompt_tokens", "prompt"), ("completion_tokens", "completion")]})
     heavy = stored.select(chat(pl.col("completion")), prompt_chat=chat(pl.col("unguided_prompt")), prompt="prompt",
-                          logprobs="logprobs")  # every row: cheaper than gathering the usable ones first
+                          logprobs="logprobs", prompt_token_ids="prompt_token_ids",
+                          token_ids="token_ids")  # every row: cheaper than gathering the usable ones first
     needled = t.filter(pl.col("guidance_text") != "")  # only guided rows have a text to look for
     leaked = needled.filter(mentions(needled["guidance_text"], heavy["prompt_chat"].gather(needled["row"])))
     if leaked.height:
@@ -356,7 +361,8 @@ def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
     groups = group_counts(t, heads)
     heads = _drop(heads, pl.lit(config.max_prompt_tokens > 0)
                   & (pl.col("guided_prompt_tokens") > config.max_prompt_tokens), "too_long", dropped)
-    member = ["rollout_id", "sample_index", "reward", "resolved", "row", "completion_tokens"]
+    member = ["rollout_id", "sample_index", "reward", "resolved", "row", "completion_tokens", "policy_model",
+              "policy_revision", "chat_template_hash"]
     unguided = (t.filter(pl.col("origin") == "unguided").drop("group_id")  # members take the row's group id
                 .join(heads.select(TASK + ["group_id"]), on=TASK, maintain_order="left")
                 .select(["group_id"] + member).with_columns(sampled_under=pl.lit("unguided"), order=0))
@@ -365,10 +371,11 @@ def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
     members = pl.concat([unguided, guided.select(["group_id"] + member).with_columns(
         sampled_under=pl.lit("guided"), order=1)], how="vertical_relaxed")
     members = _gathered(members.sort("group_id", "order", "sample_index", "rollout_id"), heavy,
-                        completion=("completion", "row"), logprobs=("logprobs", "row"))
+                        completion=("completion", "row"), logprobs=("logprobs", "row"),
+                        prompt_token_ids=("prompt_token_ids", "row"), token_ids=("token_ids", "row"))
     members = members.group_by("group_id", maintain_order=True).agg(trajectories=pl.struct(
         "rollout_id", "sampled_under", "sample_index", "reward", "resolved", "completion", "completion_tokens",
-        "logprobs"))
+        "logprobs", "prompt_token_ids", "token_ids", "policy_model", "policy_revision", "chat_template_hash"))
     rows = heads.join(members, on="group_id", maintain_order="left")
     rows = _gathered(rows, heavy, guided_prompt=("prompt", "row"), prompt=("prompt_chat", "row"))
     return rows.select(
