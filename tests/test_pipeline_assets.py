@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import dagster as dg
+import datasets
 import polars as pl
 
 from assets.checks import ROLLOUT_CHECKS
@@ -13,7 +14,8 @@ from assets.definitions import all_assets
 from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
 from pipeline.cli import run_config
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, GuidancePlan
+from pipeline.datasets.splits import split_group, task_split
+from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Task
 from pipeline.store import read_records
 from tests.test_datasets_build import check_rows_against_stored_attempts
 
@@ -67,6 +69,7 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
         assert exported.get(kind, 0) == meta[f"{kind}_dataset"]["rows"].value
     assert meta["actguide_dataset"]["rows"].value == len({p.instance_id for p in accepted if p.kind == "action"})
     assert exported["trajectories"] == unguided.height + guided.height and exported["tasks"] == 2
+    assert_no_test_task_in_train(tmp_path / "data", 0.1)
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
     assert check_rows_against_stored_attempts(tmp_path / "data") >= 1
 
@@ -82,13 +85,31 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
                                 resources={"settings": held_out, "credentials": Credentials()})
     scores = evaluation.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata
     assert scores["held_out_tasks"].value == 2
-    results = json.loads((tmp_path / "data/evaluation/test/pass_at_1.json").read_text())
+    report = json.loads((tmp_path / "data/evaluation/test/pass_at_1.json").read_text())
+    tasks = [Task.from_row(r) for r in read_records(tmp_path / "data/tasks/tasks.parquet", TASK_SCHEMA)]
+    assert report["tasks"]["instance_ids"] == [t.instance_id for t in tasks] and report["temperature"] == 0.0
+    results = report["results"]
     assert [r["model"] for r in results] == ["starting", "dpo", "actguide"]
     for r in results:
         stored = pl.read_parquet(r["path"])
         assert (r["attempts"], r["graded"], stored.height, r["infra_errors"]) == (2, 2, 2, 0)
         assert r["pass@1"] == stored["resolved"].mean() and r["ci95_low"] <= r["pass@1"] <= r["ci95_high"]
         assert set(stored["guidance_kind"]) == {"none"} and stored["policy"][0].startswith("hf:")
+        assert [t["instance_id"] for t in r["per_task"]] == report["tasks"]["instance_ids"]
+    revisions = [r["identity"]["revision"] for r in results]  # trained weights differ from the starting ones
+    assert all(v.startswith("sha256:") for v in revisions) and len(set(revisions)) == 3
+    assert len(scores["per_task"].value.splitlines()) == 2 + 2  # header, rule, one row per held-out task
+
+
+def assert_no_test_task_in_train(data, test_fraction: float) -> None:
+    """Every exported config, loaded with `datasets`: each row in its task's split, no test task in train."""
+    tasks = [Task.from_row(r) for r in read_records(data / "tasks/tasks.parquet", TASK_SCHEMA)]
+    split = {t.instance_id: task_split(split_group(t), test_fraction) for t in tasks}
+    for config in ("dpo", "actguide", "sft", "trajectories", "tasks"):
+        if not (data / "datasets/hf/data" / config).exists():
+            continue
+        for name, rows in datasets.load_dataset(str(data / "datasets/hf"), config).items():
+            assert {split[i] for i in rows["instance_id"]} <= {name}, (config, name)
 
 
 def test_cli_run_config(tmp_path):

@@ -103,12 +103,15 @@ def test_the_fixture_holds_chained_combinations_whose_ids_alone_would_split_them
     assert by_id  # the old key (the instance id) puts some combined task and its part apart
 
 
+ROW = Task("psf__requests-1", "psf/requests", "abc", "", "", "", (), (), "img", "/repo", "pytest", "p", "swe-bench",
+           provenance=json.dumps({"dataset": "SWE-bench", "file": "requests/api.py"}))
+"""A dataset row: its own group, whatever file its provenance names; no candidate id, no parts."""
+
+
 def test_split_group_is_the_module_of_a_synthesized_task_and_the_id_of_any_other(tasks):
     assert {split_group(t) for t in tasks} == {MATHS, STRINGS}
     assert (task_split(MATHS, HALF), task_split(STRINGS, HALF)) == ("test", "train")  # pinned: never moves
-    row = Task("psf__requests-1", "psf/requests", "abc", "", "", "", (), (), "img", "/repo", "pytest", "p",
-               "swe-bench", provenance=json.dumps({"dataset": "SWE-bench", "file": "requests/api.py"}))
-    assert split_group(row) == "psf__requests-1"
+    assert split_group(ROW) == "psf__requests-1"
     no_file = dataclasses.replace(tasks[0], provenance=json.dumps({"package": "calc"}))
     with pytest.raises(ValueError, match=f"task {tasks[0].instance_id}: synthesized, but its provenance names no"):
         split_group(no_file)
@@ -116,13 +119,14 @@ def test_split_group_is_the_module_of_a_synthesized_task_and_the_id_of_any_other
 
 def test_a_combined_task_and_its_parts_share_a_split_everywhere_it_is_drawn(tasks):
     test_ids = {t.instance_id for t in tasks if module_of(t) == "pkg/maths.py"}
-    assert [t.instance_id for t in held_out_tasks(tasks, HALF)] == [t.instance_id for t in tasks
-                                                                    if t.instance_id in test_ids]
+    held = [t.instance_id for t in tasks if t.instance_id in test_ids]
+    assert [t.instance_id for t in held_out_tasks(tasks, HALF)] == held
+    assert [t.instance_id for t in held_out_tasks(tasks, HALF, limit=2)] == held[:2] and len(held) > 2
     frame = pl.DataFrame({"instance_id": [t.instance_id for t in tasks]})
     splits = frame.select(split_column("instance_id", HALF, split_groups(tasks)))["instance_id"].to_list()
     assert splits == ["test" if t.instance_id in test_ids else "train" for t in tasks]
     assert all(splits[tasks.index(c)] == splits[tasks.index(p)] for c, p in combined_and_parts(tasks))
-    assert combined_split_conflicts(tasks, HALF) == []
+    assert combined_split_conflicts(tasks + [ROW], HALF) == []
     ungrouped = frame.select(split_column("instance_id", HALF))["instance_id"].to_list()  # ids alone, no groups
     assert ungrouped == [task_split(t.instance_id, HALF) for t in tasks] != splits
 
