@@ -59,14 +59,14 @@ def test_the_search_finds_planted_copies(toolz_task):
     file = next(line[6:] for line in toolz_task.patch.splitlines() if line.startswith("+++ b/"))
     with task_sandbox(toolz_task) as sb:
         original = originals(toolz_task.patch, {file: sb.read_file(file).decode()})[file]
-        sb.run_privileged("install -d -m 0755 /opt/plant && cat > /opt/plant/root_only.py && chmod 600 "
-                          "/opt/plant/root_only.py", timeout=30, stdin=original.encode())
+        sb.run_privileged(f"install -d -m 0755 /opt/plant && head -c {len(original.encode())} > /opt/plant/root_only.py"
+                          " && chmod 600 /opt/plant/root_only.py", timeout=30, stdin=original.encode())
         sb.write_file("/tmp/plant/orig_mod.py", original)
         assert sb.run("cd /tmp/plant && python -m py_compile orig_mod.py && rm orig_mod.py && "
                       "mv __pycache__/*.pyc ./compiled.pyc && rmdir __pycache__").exit_code == 0
         sb.write_file("/tmp/plant/src.tar.gz", _tarball({"pkg/module.py": original}))
-        blob = sb.run(f"git hash-object -w {shlex.quote('/dev/stdin')} < /opt/plant/root_only.py 2>&1; "
-                      f"git hash-object -w --stdin <<'EOF'\n{original}EOF").output.split()[-1]
+        sb.write_file("/tmp/plant/blob", original)
+        blob = sb.run("cd /testbed && git hash-object -w /tmp/plant/blob && rm /tmp/plant/blob").output.split()[-1]
         found, _ = search_sandbox(sb, toolz_task)
     where = {(f.user, f.path, f.how) for f in found}
     assert where == {
@@ -74,8 +74,7 @@ def test_the_search_finds_planted_copies(toolz_task):
         ("agent", "/tmp/plant/compiled.pyc", "bytecode"), ("root", "/tmp/plant/compiled.pyc", "bytecode"),
         ("agent", "/tmp/plant/src.tar.gz!pkg/module.py", "archive member"),
         ("root", "/tmp/plant/src.tar.gz!pkg/module.py", "archive member"),
-        ("agent", f"/testbed/.git/objects/{blob[:2]}/{blob[2:]}", f"git object {blob}"),
-        ("root", f"/testbed/.git/objects/{blob[:2]}/{blob[2:]}", f"git object {blob}"),
+        ("agent", f"/testbed/.git:{blob}", "git blob object"), ("root", f"/testbed/.git:{blob}", "git blob object"),
     }, where
 
 

@@ -65,6 +65,7 @@ class Search:
         self.skip = set(job["skip"])
         self.private = job.get("private") or "/nonexistent"
         self.found, self.legit, self.unreadable, self.files, self.private_files = [], 0, 0, 0, 0
+        self.git_read = set()  # objects git already read: a loose one is not inflated (and reported) again
 
     def hit(self, path, how):
         self.found.append({"path": path, "how": how})
@@ -138,7 +139,7 @@ class Search:
         except zlib.error:
             return
         sha = path[-41:].replace("/", "")
-        if sha not in self.owned_blobs and self.text_holds(raw.partition(b"\0")[2]):
+        if sha not in self.git_read and sha not in self.owned_blobs and self.text_holds(raw.partition(b"\0")[2]):
             self.hit(path, "git object " + sha)
 
     def archive(self, path, data):
@@ -174,6 +175,7 @@ class Search:
             size = int(header[2])
             sha, content = header[0].decode(), out[end + 1:end + 1 + size]
             at = end + 1 + size + 1
+            self.git_read.add(sha)
             if sha not in self.owned_blobs and self.text_holds(content):
                 self.hit(f"{path}:{sha}", f"git {header[1].decode()} object")
 
