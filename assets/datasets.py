@@ -10,7 +10,9 @@ import polars as pl
 
 from assets.resources import Credentials, HandholdSettings
 from pipeline.datasets import read_dataset, update_datasets
+from pipeline.datasets.build import read_manifest
 from pipeline.datasets.export import HISTOGRAM_FILE, CardInfo, export_dataset, pass_rates, split_by_task
+from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
 from pipeline.datasets.pairs import row_text
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables
@@ -70,6 +72,7 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
             "batches_built": report.built, "batches_reused": report.reused, "token_counter": report.token_counter,
             "dropped": {k: v for k, v in report.dropped.items() if k.startswith(f"{kind}.") or "." not in k},
             **({"groups": report.groups} if kind == "actguide" else {}),  # mixed, rescued, zero_advantage
+            **({"guidance_checks": report.checks} if kind != "actguide" else {}),  # per '<check>.<guidance kind>'
             "preview": _preview(rows)})
 
 
@@ -85,6 +88,15 @@ def dpo_rows_hold_no_guidance(settings: HandholdSettings) -> dg.AssetCheckResult
             leaks += [i for i, hit in enumerate(text.str.contains(t, literal=True).to_list()) if hit]
     return dg.AssetCheckResult(passed=not leaks, metadata={"rows": rows.height, "guidance_texts": len(texts),
                                                              "leaking_rows": sorted(set(leaks))[:20]})
+
+
+@dg.asset_check(asset="dpo_dataset", blocking=True,
+                description="No chosen DPO or SFT completion of a guided attempt refers to its guidance.")
+def chosen_rows_never_refer_to_guidance(settings: HandholdSettings) -> dg.AssetCheckResult:
+    out, trajectories = settings.path("datasets", "rows"), _trajectories(settings)
+    found = {kind: rows_referring_to_guidance(read_dataset(out, kind), trajectories) for kind in ("dpo", "sft")}
+    return dg.AssetCheckResult(passed=not any(found.values()), metadata={
+        f"{kind}_referring_rollouts": ids[:20] for kind, ids in found.items()})
 
 
 @dg.asset_check(asset="dpo_dataset", blocking=True, description="No row comes from an attempt with an infra error.")
@@ -131,7 +143,8 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     folder = settings.path("datasets", "hf")
     tables, moved = split_by_task(_export_tables(settings), _tasks(settings), config.datasets.test_fraction)
     report = export_dataset(folder, tables,
-                            CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id),
+                            CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
+                                     checks=manifest_checks(read_manifest(settings.path("datasets", "rows")))),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []
@@ -173,5 +186,5 @@ def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSetting
         "commit": result.commit_url or "(dry run)"})
 
 
-dataset_checks = [dpo_rows_hold_no_guidance, no_infra_error_attempts, splits_are_disjoint_by_task,
-                  export_has_no_secrets]
+dataset_checks = [dpo_rows_hold_no_guidance, chosen_rows_never_refer_to_guidance, no_infra_error_attempts,
+                  splits_are_disjoint_by_task, export_has_no_secrets]

@@ -149,8 +149,9 @@ def narrate(name: str, args: dict) -> str:
         start = (args.get("view_range") or [1])[0]
         return f"Open {path} around line {start}."
     if name == "edit":
-        return "Try a one-line repair near the failure." if "\n" not in str(args.get("new_str", "")) \
-            else f"Repair {path}."
+        old, new = str(args.get("old_str", "")).split("\n"), str(args.get("new_str", "")).split("\n")
+        changed = sum(a != b for a, b in zip(old, new)) + abs(len(old) - len(new))
+        return "Try a one-line repair near the failure." if changed == 1 else f"Repair {path}."
     if "pytest" in command:
         return "Re-run the failing test." if "::" in command else "Run the test suite to see what fails."
     if "git checkout" in command:

@@ -61,6 +61,9 @@ class CardInfo:
     licence: str = "other"
     """Licence of the dataset itself (Hub licence id); each source's own licence is listed too."""
     sources: tuple[SourcePackage, ...] = ()
+    checks: Mapping[str, int] = field(default_factory=dict)
+    """Guided successes per '<check>.<guidance kind>' (the datasets build report's `checks`): prose referring
+    to guidance dropped or rewritten, ungrounded left out or kept, hints holding gold lines."""
     """Empty: derived from the tasks' provenance (package and version, or upstream dataset)."""
 
 
@@ -210,6 +213,7 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         "## Rows\n\n" + _table(["config", "split", "rows"],
                                 [[c, s, n] for c, by_split in rows.items() for s, n in by_split.items()]),
         _rates_section(trajectories),
+        _guidance_checks_section(card.checks, splits),
         _histogram_section(histogram),
         "## Sources\n\n" + _table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
@@ -240,6 +244,38 @@ def _rates_section(trajectories: pl.DataFrame | None) -> str:
             + _table(passes.columns, passes.rows()) + "\n\n## Recovery rates\n\n"
             "Of the tasks no unguided attempt resolved, the share some attempt under each guidance kind "
             "resolved (among those tried under it).\n\n" + _table(recovery.columns, recovery.rows()))
+
+
+CHECK_COLUMNS = {"references_dropped": "referring prose: dropped", "references_rewritten": "referring prose: rewritten",
+                 "ungrounded_left_out": "ungrounded: left out", "ungrounded_kept": "ungrounded: kept",
+                 "hint_has_gold": "hint held gold lines"}
+GOLD_HINT_COLUMNS = {"dpo": "chosen_hint_has_gold", "sft": "hint_has_gold"}  # a chosen row's hint held gold lines
+
+
+def gold_hint_shares(splits: dict[str, dict[str, pa.Table]]) -> dict[str, tuple[int, int]]:
+    """Per config (dpo, sft): (chosen rows whose hint held a line of the gold patch, chosen rows)."""
+    shares = {}
+    for config, column in GOLD_HINT_COLUMNS.items():
+        frame = _concat(splits.get(config, {}), (column,))
+        if frame is not None:
+            shares[config] = (int(frame[column].fill_null(False).sum()), frame.height)
+    return shares
+
+
+def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[str, pa.Table]]) -> str:
+    """Per guidance kind, the guided successes each check caught; the share of chosen rows from gold hints."""
+    kinds = sorted({key.split(".", 1)[1] for key in checks if "." in key})
+    present = [c for c in CHECK_COLUMNS if any(f"{c}.{k}" in checks for k in kinds)]
+    lines = ["## Guidance checks", "A chosen completion is trained under the unguided prompt. Guided successes "
+             "whose prose refers to the guidance, that edited a file no tool output had shown (ungrounded), or "
+             "whose hint held a line of the gold patch, by guidance kind:"]
+    lines.append(_table(["guidance kind"] + [CHECK_COLUMNS[c] for c in present],
+                        [[k] + [checks.get(f"{c}.{k}", 0) for c in present] for k in kinds]) if kinds
+                 else "No guided success was checked.")
+    for config, (gold, total) in gold_hint_shares(splits).items():
+        share = f"{gold / total:.1%}" if total else "n/a"
+        lines.append(f"Chosen rows of `{config}` from a hint holding gold lines: {gold} of {total} ({share}).")
+    return "\n\n".join(lines)
 
 
 def _histogram_section(histogram: pl.DataFrame | None) -> str:

@@ -61,9 +61,44 @@ def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
 
 def _with_rewrites(heavy: pl.DataFrame, rewritten: dict[int, tuple[list[dict], list[dict]]]) -> pl.DataFrame:
     """heavy plus `chosen_completion` (the completion, or its rewrite) and `rewrites` (JSON, '[]' when none)."""
-    chosen, notes = heavy["completion"], pl.Series("rewrites", ["[]"] * heavy.height, dtype=pl.String)
+    completion, notes = heavy["completion"], pl.Series("rewrites", ["[]"] * heavy.height, dtype=pl.String)
+    parts, start = [], 0
+    for row in sorted(rewritten):  # slices around each rewritten row: polars cannot scatter nested values
+        parts += [completion[start:row], pl.Series([rewritten[row][0]], dtype=completion.dtype)]
+        start = row + 1
+    chosen = pl.concat(parts + [completion[start:]]) if parts else completion
     if rewritten:
         rows = pl.Series(list(rewritten), dtype=pl.UInt32)
-        chosen = chosen.scatter(rows, pl.Series([c for c, _ in rewritten.values()], dtype=chosen.dtype))
         notes = notes.scatter(rows, pl.Series([json.dumps(r) for _, r in rewritten.values()], dtype=pl.String))
     return heavy.with_columns(chosen_completion=chosen, rewrites=notes)
+
+
+def _split_prompt(messages: list[dict]) -> tuple[str, list[dict]]:
+    """(prompt text, completion) of an SFT row's messages: the completion starts at the first assistant turn."""
+    start = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    return _prompt_text(messages[:start]), messages[start:]
+
+
+def rows_referring_to_guidance(rows: pl.DataFrame, trajectories: pl.DataFrame) -> list[str]:
+    """Rollout ids of DPO (`chosen`) or SFT (`messages`) rows from guided attempts whose completion still
+    refers to the guidance of the attempt it came from; what the blocking dataset check fails on."""
+    dpo = "chosen" in rows.columns
+    rollout, source = ("chosen_rollout_id", "chosen_source") if dpo else ("rollout_id", "source")
+    hints = dict(zip(trajectories["rollout_id"].to_list(), trajectories["guidance_text"].to_list())) \
+        if trajectories.height else {}
+    guided = rows.filter(pl.col(source) != "unguided")
+    found = []
+    for rid, *chats in guided.select(rollout, *(["prompt", "chosen"] if dpo else ["messages"])).rows():
+        text, completion = (_prompt_text(chats[0]), chats[1]) if dpo else _split_prompt(chats[0])
+        if guidance_references(completion, hints.get(rid) or "", text):
+            found.append(rid)
+    return found
+
+
+def manifest_checks(manifest: dict) -> dict[str, int]:
+    """The build's `checks` summed over the batches of a datasets manifest (`build.read_manifest`)."""
+    total: dict[str, int] = {}
+    for entry in manifest.get("batches", {}).values():
+        for key, value in entry.get("checks", {}).items():
+            total[key] = total.get(key, 0) + value
+    return total

@@ -22,7 +22,7 @@ from pipeline.agent.textformat import CLOSE, OPEN
 from pipeline.guidance.teacher import leaks_patch
 
 REFERENCE_PHRASES = (  # how a policy talks about help it was given (case-insensitive)
-    r"\breference (action|trajector|step|solution|fix|hint|edit|command)",
+    r"\breference (actions?|trajectory|trajectories|steps?|solution|fix|hint|edit|command)",
     r"\b(the|a|this|that|your|given|provided|my) (hint|hints|guidance)\b",
     r"\b(as|like|what) (the |my )?(hint|guidance|plan|reference|teacher|instructions?) "
     r"(says?|said|suggests?|suggested|shows?|showed|indicates?|recommends?|describes?|tells?|told)\b",
@@ -99,14 +99,20 @@ def hint_terms(hint: str, prompt: str) -> set[str]:
 
 def guidance_references(messages: list[dict], hint: str, prompt: str) -> list[tuple[int, str]]:
     """(message index, what) of each assistant turn whose prose refers to guidance: a phrase of
-    REFERENCE_PHRASES, or a hint term no earlier tool output (nor the prompt) showed."""
+    REFERENCE_PHRASES, or a hint term that neither the prompt, an earlier tool output, nor the turn's own tool
+    call holds (narrating one's own action is not quoting the hint: the action is there either way)."""
     found, seen, terms = [], prompt.lower(), hint_terms(hint, prompt) if hint else set()
     for i, message in enumerate(messages):
-        reason = _reference(prose(message), terms, seen)
+        reason = _reference(prose(message), terms, seen + _own(message))
         if reason:
             found.append((i, reason))
         seen += "\n" + (output(message) or "").lower()
     return found
+
+
+def _own(message: dict) -> str:
+    """The turn's own tool-call arguments, as text a hint term may be found in."""
+    return "\n" + " ".join(json.dumps(args) for _, args in calls(message)).lower()
 
 
 def _reference(text: str, terms: set[str], seen: str) -> str:
@@ -122,9 +128,10 @@ def without_references(messages: list[dict], hint: str, prompt: str) -> tuple[li
     a rewrite per turn, {"message", "reason", "removed" (sentences)}."""
     terms, seen, out, rewrites = hint_terms(hint, prompt) if hint else set(), prompt.lower(), [], []
     for i, message in enumerate(messages):
-        if _reference(prose(message), terms, seen):
-            kept, removed = _rewritten(message.get("content") or "", terms, seen)
-            rewrites.append({"message": i, "reason": _reference(prose(message), terms, seen), "removed": removed})
+        reason = _reference(prose(message), terms, seen + _own(message))
+        if reason:
+            kept, removed = _rewritten(message.get("content") or "", terms, seen + _own(message))
+            rewrites.append({"message": i, "reason": reason, "removed": removed})
             message = {**message, "content": kept}
         out.append(message)
         seen += "\n" + (output(message) or "").lower()
