@@ -265,6 +265,27 @@ def test_length_limits_drop_and_count():
     assert "u1" not in rows.dpo["rejected_rollout_id"]
 
 
+@pytest.mark.parametrize("limits,too_long", [
+    ({"max_completion_tokens": 127}, 0), ({"max_completion_tokens": 126}, 1),  # u1 counts 127, the rest 46
+    ({"max_prompt_tokens": 23}, 0), ({"max_prompt_tokens": 22}, 6),  # every unguided prompt counts 23
+])
+def test_a_limit_keeps_what_counts_exactly_that_many_tokens(limits, too_long):
+    assert build_rows(TASK_T1, DatasetConfig(**limits)).dropped["too_long"] == too_long
+
+
+def test_a_task_whose_unguided_attempts_were_all_infra_errors_is_rescued_by_a_mixed_guided_group():
+    actions = (Action("submit", "{}"),)
+    lost = [traj(f"x{i}", sample=i, infra_error="sandbox_error: engine gone") for i in range(2)]
+    guided = [traj(f"a{i}", kind="action", reward=float(i), sample=i, guidance_actions=actions, guidance_k=1,
+                   group_id="ga") for i in range(2)]
+    rows = build_rows(lost + guided, DatasetConfig())
+    assert [(m["rollout_id"], m["sampled_under"]) for m in rows.actguide["trajectories"][0]] == [
+        ("a0", "guided"), ("a1", "guided")]
+    assert rows.groups == {"mixed": 0, "rescued": 1, "zero_advantage": 0}
+    solved = build_rows(lost + [dataclasses.replace(g, reward=1.0, resolved=True) for g in guided], DatasetConfig())
+    assert solved.actguide.height == 0 and solved.groups == {"mixed": 0, "rescued": 0, "zero_advantage": 1}
+
+
 def test_a_tokenizer_counts_instead_of_the_heuristic(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
