@@ -95,8 +95,10 @@ def cases(tokenizer, current: Toy):
             {**chat, "guided_prompt": GUIDED, "group_id": "b", "trajectories": rows["b"]}], expected
 
 
-def hand_loss(start: Toy, current: Toy, tokenizer, expected, mode: str, clip: float, kl_weight: float):
-    """PPO's clipped objective with a k3 KL to the starting model, token mean, written out on its own."""
+def hand_loss(start: Toy, current: Toy, tokenizer, expected, mode: str, clip: float, kl_weight: float,
+              ratios: list | None = None):
+    """PPO's clipped objective with a k3 KL to the starting model, token mean, written out on its own;
+    the ratios are appended to `ratios`."""
     unguided = context_ids(tokenizer, PROMPT)
     terms, kls = [], []
     for _, advantage, sampled, ids, stored in expected:
@@ -105,6 +107,7 @@ def hand_loss(start: Toy, current: Toy, tokenizer, expected, mode: str, clip: fl
             behaviour = torch.tensor(stored) if mode == "stored" else hand_logps(start.A, start.B, sampled, ids)
             reference = hand_logps(start.A, start.B, unguided, ids)
         ratio = torch.exp(logp - behaviour)
+        (ratios if ratios is not None else []).extend(ratio.tolist())
         terms.append(torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage))
         kls.append(torch.exp(reference - logp) - (reference - logp) - 1)
     tokens = sum(len(ids) for *_, ids, _ in expected)
@@ -131,8 +134,12 @@ def test_loss_and_gradient_match_the_hand_computation(tokenizer, mode):
     model.zero_grad()
     loss, row = trainer.loss(trainer.batches[0])
     loss.backward()
-    want = hand_loss(start, current, tokenizer, expected, mode, clip=0.2, kl_weight=0.5)
+    ratios: list[float] = []
+    want = hand_loss(start, current, tokenizer, expected, mode, clip=0.2, kl_weight=0.5, ratios=ratios)
     want.backward()
+    assert row["ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
+    assert row["ratio_mean"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
+    assert row["clip_fraction"] == pytest.approx(sum(abs(r - 1) > 0.2 for r in ratios) / len(ratios))
     assert loss.item() == pytest.approx(want.item(), abs=1e-5)
     assert torch.allclose(model.A.grad, current.A.grad, atol=1e-6)
     assert torch.allclose(model.B.grad, current.B.grad, atol=1e-6)
@@ -203,3 +210,36 @@ def test_stored_ids_that_do_not_continue_their_prompt_are_refused(tokenizer):
     examples, counts = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"),
                                         IDENTITY)
     assert counts["rendered_tokens"] == 1 and counts["stored_tokens"] == 6  # u0 re-rendered from its text
+
+
+def test_counts_of_equal_reward_groups_and_turns_too_long(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    equal = {**rows[0], "group_id": "e", "trajectories": [{**m, "reward": 0.0, "resolved": False}
+                                                          for m in rows[0]["trajectories"]]}
+    longest = max(len(m["prompt_token_ids"][0]) + len(m["token_ids"][0]) for m in rows[0]["trajectories"])
+    _, counts = prepare_examples([equal, rows[0]], tokenizer, ActGuideTrainingConfig(max_length=longest - 1),
+                                 IDENTITY)
+    assert (counts["groups"], counts["equal_reward_groups"], counts["too_long"], counts["stored_tokens"]) == (2, 1, 1, 2)
+
+
+def test_a_member_with_a_turn_without_ids_or_without_turns_is_refused(tokenizer):
+    def two_turns(m):  # the second turn came back without ids
+        return {**m, "completion": m["completion"] * 2, "token_ids": m["token_ids"] + [None],
+                "prompt_token_ids": m["prompt_token_ids"] * 2, "logprobs": m["logprobs"] * 2}
+
+    assert "trajectory u1 has no stored token ids" in refusal(tokenizer, two_turns)
+    no_turn = {"completion": [], "prompt_token_ids": [], "token_ids": [], "logprobs": []}
+    assert "trajectory u1 has no stored token ids" in refusal(tokenizer, lambda m: {**m, **no_turn})
+
+
+def test_the_schedule_of_batches_and_learning_rate(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    examples, _ = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(), IDENTITY)  # 7 examples
+    model = Toy(len(tokenizer), seed=0)
+    two_epochs = ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(batch_size=3, epochs=2))
+    assert [len(b) for b in two_epochs.batches] == [3, 3, 1] * 2 and len(two_epochs.first_epoch) == 3
+    assert sorted(i for b in two_epochs.batches[:3] for i in b) == list(range(7))
+    capped = ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(batch_size=3, max_steps=4,
+                                                                               learning_rate=0.25))
+    assert [len(b) for b in capped.batches] == [3, 3, 1, 3] and capped.scheduler.get_last_lr() == [0.25]
+    assert ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(max_steps=0)).batches == []
