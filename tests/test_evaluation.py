@@ -29,7 +29,8 @@ def attempts(task, resolved: int, failed: int, infra: int = 0) -> list:
     return out
 
 
-@pytest.mark.parametrize("df,t", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (10, 2.2281), (30, 2.0423)])
+@pytest.mark.parametrize("df,t", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (5, 2.5706), (7, 2.3646),
+                                  (9, 2.2622), (10, 2.2281), (29, 2.0452), (30, 2.0423)])  # the printed t table
 def test_t_quantile_matches_the_table(df, t):
     assert round(t_quantile(0.95, df), 4) == t
 
