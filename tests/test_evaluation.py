@@ -77,6 +77,7 @@ def test_a_task_with_no_graded_attempt_is_left_out_and_counted(tasks):
     ([0.25], (0.25, 0.0, 1.0)),  # one task: no spread to measure
     ([0.5, 0.5, 0.5], (0.5, 0.5, 0.5)),  # no spread: zero width
     ([0.0, 1.0], (0.5, 0.0, 1.0)),  # 0.5 +- 12.706 * 0.5: clipped
+    ([0.5, 0.5625], (0.53125, 0.1342, 0.9283)),  # s / sqrt(2) = 0.03125, t(1) = 12.7062: +- 0.39707
     ([0.5, 0.25, 0.75, 0.5, 0.5], (0.5, 0.2805, 0.7195)),  # s^2 = 0.125 / 4, se 0.0791, t(4) 2.7764
 ])
 def test_pass_at_1_edge_cases(scores, expected):
