@@ -3,6 +3,7 @@ values worked out by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -63,11 +64,11 @@ def test_pass_at_1_is_the_mean_of_task_scores_and_the_interval_is_over_tasks(tas
 
 
 def test_a_task_with_no_graded_attempt_is_left_out_and_counted(tasks):
-    # 1/2 and 0/2 scored; the third lost every attempt to infrastructure: mean 0.25 over 2 tasks,
-    # s = 0.35355, s / sqrt(2) = 0.25, t(1) = 12.706: clipped to [0, 1]
-    trajectories = attempts(tasks[0], 1, 1) + attempts(tasks[1], 0, 2) + attempts(tasks[2], 0, 0, infra=2)
+    # 1/3 and 0/2 scored; the third lost every attempt to infrastructure: mean 1/6 over 2 tasks, clipped to [0, 1]
+    trajectories = attempts(tasks[0], 1, 2) + attempts(tasks[1], 0, 2) + attempts(tasks[2], 0, 0, infra=2)
     result = score(tasks[:3], trajectories)
-    assert (result["pass@1"], result["tasks"], result["tasks_scored"], result["infra_errors"]) == (0.25, 3, 2, 2)
+    assert (result["pass@1"], result["tasks"], result["tasks_scored"], result["infra_errors"]) == (0.1667, 3, 2, 2)
+    assert result["per_task"][0]["score"] == 0.3333
     assert result["per_task"][2] == {"instance_id": tasks[2].instance_id, "attempts": 2, "graded": 0, "resolved": 0,
                                      "score": None, "ci95_low": 0.0, "ci95_high": 1.0}
 
@@ -99,7 +100,8 @@ def test_several_greedy_attempts_are_refused(temperature, n, refused):
             evaluation_rollouts(RolloutConfig(), config)
         return
     check_sampling(config)
-    assert evaluation_rollouts(RolloutConfig(), config).attempts == n
+    rollout = evaluation_rollouts(RolloutConfig(), dataclasses.replace(config, max_steps=7))
+    assert (rollout.attempts, rollout.agent.max_steps) == (n, 7)
 
 
 def test_a_local_model_is_named_by_its_weights_hash(tmp_path):
