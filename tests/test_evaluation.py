@@ -115,6 +115,8 @@ def test_a_local_model_is_named_by_its_weights_hash(tmp_path):
     assert model_identity(str(model))["revision"] == "sha256:" + hashlib.sha256(b"model.safetensors\0weightz").hexdigest()
     (model / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/base"}))
     assert model_identity(str(model))["base_model"] == "org/base"
+    (model / "adapter_config.json").write_text("{}")
+    assert model_identity(str(model))["base_model"] == ""
     snapshot = tmp_path / "hub/models--org--m/snapshots" / ("ab" * 20)
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").write_bytes(b"w")
