@@ -160,7 +160,8 @@ def test_chosen_rows_never_refer_to_guidance_nor_come_ungrounded_by_default(guid
     assert rows.dpo["chosen_hint_has_gold"].to_list() == [True] and rows.sft["rewrites"].to_list() == ["[]"]
     trajectories = pl.DataFrame({"rollout_id": [t.rollout_id for t in guided_batch],
                                  "guidance_text": [t.guidance_text for t in guided_batch]})
-    assert rows_referring_to_guidance(rows.dpo, trajectories) == rows_referring_to_guidance(rows.sft, trajectories) == []
+    assert rows_referring_to_guidance(rows.dpo, trajectories) == []
+    assert rows_referring_to_guidance(rows.sft, trajectories) == []
 
 
 def test_settings_keep_ungrounded_successes_and_rewrite_referring_prose(guided_batch):
