@@ -243,3 +243,17 @@ def test_the_schedule_of_batches_and_learning_rate(tokenizer):
                                                                                learning_rate=0.25))
     assert [len(b) for b in capped.batches] == [3, 3, 1, 3] and capped.scheduler.get_last_lr() == [0.25]
     assert ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(max_steps=0)).batches == []
+    one_epoch = ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(batch_size=3))
+    assert [len(b) for b in one_epoch.batches] == [3, 3, 1]
+    linear = ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(lr_scheduler="linear", max_steps=4,
+                                                                                learning_rate=0.25))
+    assert linear.scheduler.get_last_lr() == [0.25]  # no warm-up: the first step takes the full rate
+
+
+def test_a_member_at_the_group_mean_is_left_out_and_the_rest_train(tokenizer):
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    rewards = {"u0": 1.0, "u1": 0.5, "u2": 0.0}  # advantages sqrt(3/2), 0, -sqrt(3/2)
+    row = {**rows[0], "trajectories": [{**m, "reward": rewards[m["rollout_id"]]} for m in rows[0]["trajectories"]]}
+    examples, counts = prepare_examples([row], tokenizer, ActGuideTrainingConfig(), IDENTITY)
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({"u0": 1.5 ** 0.5, "u2": -(1.5 ** 0.5)})
+    assert counts["equal_reward_groups"] == 0
