@@ -14,6 +14,7 @@ from pipeline.datasets.build import read_manifest
 from pipeline.datasets.export import HISTOGRAM_FILE, CardInfo, export_dataset, pass_rates, split_by_task
 from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
 from pipeline.datasets.pairs import row_text
+from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables
 from pipeline.pictures import bar_chart_png, markdown_image
@@ -58,9 +59,10 @@ def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
 def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSettings) -> Iterator[dg.MaterializeResult]:
     """Build every batch's rows that are missing or stale (incremental), then report each dataset."""
     config = settings.resolved().datasets
-    gold = {t.instance_id: t.patch for t in _tasks(settings)}
+    tasks = _tasks(settings)
+    gold = {t.instance_id: t.patch for t in tasks}
     out = settings.path("datasets", "rows")
-    report = update_datasets(settings.path(), out, config, gold)
+    report = update_datasets(settings.path(), out, config, gold, split_groups(tasks))
     for skipped in report.skipped_files:
         context.log.warning(f"skipped {skipped}")
     for kind in KINDS:

@@ -110,14 +110,15 @@ def test_a_dpo_row_is_trl_conversational_with_the_unguided_prompt_and_structured
     rows = build_rows(TASK_T1, DatasetConfig())
     row = rows.dpo.filter(pl.col("chosen_rollout_id") == "g0").row(0, named=True)
     assert is_conversational(row) and is_conversational(rows.sft.row(0, named=True))
-    issue = {"role": "user", "content": f"{ISSUE} (t1)", "tool_calls": None, "tool_call_id": None}
-    assert row["prompt"] == [{**SYSTEM, "tool_calls": None, "tool_call_id": None}, issue]
+    bare = {"tool_calls": None, "tool_call_id": None, "reasoning_content": None}  # every message has each key
+    issue = {"role": "user", "content": f"{ISSUE} (t1)", **bare}
+    assert row["prompt"] == [{**SYSTEM, **bare}, issue]
     assert row["chosen"] == [
-        {"role": "assistant", "content": "step 0 of g0", "tool_call_id": None, "tool_calls": [
-            {"id": "call_0", "type": "function",
-             "function": {"name": "bash", "arguments": '{"command": "echo g0 0"}'}}]},
-        {"role": "tool", "content": "g0 0", "tool_calls": None, "tool_call_id": "call_0"},
-        {"role": "assistant", "content": "done g0", "tool_calls": None, "tool_call_id": None}]
+        {"role": "assistant", "content": "step 0 of g0", "tool_call_id": None, "reasoning_content": None,
+         "tool_calls": [{"id": "call_0", "type": "function",
+                         "function": {"name": "bash", "arguments": '{"command": "echo g0 0"}'}}]},
+        {"role": "tool", "content": "g0 0", **bare, "tool_call_id": "call_0"},
+        {"role": "assistant", "content": "done g0", **bare}]
     assert [m["role"] for m in row["rejected"]] == ["assistant", "tool"] * 3 + ["assistant"]
     assert (row["tools"], row["split"], row["batch"]) == (TOOLS, task_split("t1", 0.1), "b1")
     # the heuristic: ceil(characters / 4) + 4 per message, over contents and the stored tool-call JSON
@@ -448,3 +449,29 @@ def check_rows_against_stored_attempts(data: Path) -> int:
                 assert not (chosen.infra_error or rejected.infra_error or chosen.quotes_guidance)
                 checked += 1
     return checked
+
+
+def test_reasoning_the_model_returned_stays_with_its_message_in_dpo_and_sft_rows():
+    thought = {"role": "assistant", "content": "done u2", "reasoning_content": "the sum is off by one"}
+    solved = traj("u2", reward=1.0, sample=2)
+    solved = dataclasses.replace(solved, messages=solved.messages[:-1] + (thought,))
+    rows = build_rows([traj("u0"), solved], DatasetConfig())
+    [chosen] = rows.dpo["chosen"].to_list()
+    assert chosen[-1]["reasoning_content"] == "the sum is off by one"
+    assert rows.sft["messages"].to_list()[0][-1]["reasoning_content"] == "the sum is off by one"
+    assert all(m["reasoning_content"] is None for m in chosen[:-1])
+
+
+def test_rows_take_the_split_of_their_tasks_split_group():
+    ids = [f"t{i}" for i in range(40)]
+    own = {i: task_split(i, 0.5) for i in ids}
+    a, b = next((x, y) for x in ids for y in ids if own[x] == "train" and own[y] == "test")
+    tasks = [traj("u0", iid=a), traj("u1", iid=a, reward=1.0, sample=1),
+             traj("v0", iid=b), traj("v1", iid=b, reward=1.0, sample=1)]
+    alone = build_rows(tasks, DatasetConfig(test_fraction=0.5))
+    assert dict(alone.dpo.select("instance_id", "split").iter_rows()) == {a: "train", b: "test"}
+    together = build_rows(tasks, DatasetConfig(test_fraction=0.5), task_groups={a: "pkg:mod.py", b: "pkg:mod.py"})
+    shared = task_split("pkg:mod.py", 0.5)
+    for kind in ("dpo", "sft", "actguide"):
+        frame = getattr(together, kind)
+        assert frame.height and set(frame["split"]) == {shared}, kind

@@ -21,7 +21,8 @@ from tests.test_datasets_build import check_rows_against_stored_attempts
 
 SMALL_TRAINING = {"dpo": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
                           "max_steps": 2, "max_length": 4096},
-                  "actguide": {"learning_rate": 5e-4, "batch_size": 4, "max_steps": 2, "max_length": 4096},
+                  "actguide": {"learning_rate": 5e-4, "batch_size": 4, "max_steps": 2, "max_length": 4096,
+                               "behaviour_logprobs": "recompute"},  # the heuristic samples no tokens
                   "evaluation": {"max_steps": 3, "max_new_tokens": 32}}
 
 
@@ -60,14 +61,18 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
               for e in result.get_asset_check_evaluations()}
     assert checks == {**{(asset, name): True for asset in ("unguided_rollouts", "guided_rollouts")
                          for name in ROLLOUT_CHECKS},
-                      ("tasks", "tasks_validate"): True, ("dpo_dataset", "dpo_rows_hold_no_guidance"): True,
+                      ("tasks", "tasks_validate"): True, ("tasks", "tasks_answer_hidden"): True,
+                      ("dpo_dataset", "dpo_rows_hold_no_guidance"): True,
+                      ("dpo_dataset", "chosen_rows_never_refer_to_guidance"): True,
                       ("dpo_dataset", "no_infra_error_attempts"): True,
                       ("dpo_dataset", "splits_are_disjoint_by_task"): True,
                       ("dataset_export", "export_has_no_secrets"): True}
     exported = {k: sum(v.values()) for k, v in meta["dataset_export"]["rows"].value.items()}
     for kind in ("dpo", "actguide", "sft"):
         assert exported.get(kind, 0) == meta[f"{kind}_dataset"]["rows"].value
-    assert meta["actguide_dataset"]["rows"].value == len({p.instance_id for p in accepted if p.kind == "action"})
+    groups = meta["actguide_dataset"]["groups"].value  # every task with a learning signal has its row
+    assert meta["actguide_dataset"]["rows"].value == groups["mixed"] + groups["rescued"]
+    assert sum(groups.values()) == 2
     assert exported["trajectories"] == unguided.height + guided.height and exported["tasks"] == 2
     assert_no_test_task_in_train(tmp_path / "data", 0.1)
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"

@@ -19,7 +19,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 import polars as pl
 import pyarrow as pa
@@ -32,7 +32,7 @@ from pipeline.datasets.splits import Counter, token_counter
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
 from pipeline.store import check_contract
 
-BUILDER_VERSION = "3"  # bump when a rule changes: every batch is rebuilt
+BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
 KINDS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
 MANIFEST = "manifest.json"
@@ -115,16 +115,17 @@ def trajectory_frame(trajectories: Iterable[Trajectory]) -> pl.DataFrame:
 
 def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: DatasetConfig,
                gold: dict[str, str] | None = None, seen: dict[str, pl.DataFrame] | None = None,
-               count: Counter | None = None) -> BatchRows:
+               count: Counter | None = None, task_groups: Mapping[str, str] | None = None) -> BatchRows:
     """DPO, ActGuide and SFT rows of one or more batches of trajectories (pure: no I/O).
 
     `gold` maps instance ids to gold patches (chosen attempts holding one are left out); `seen`
-    holds the SEEN_KEYS columns of rows already in the dataset, never made again.
+    holds the SEEN_KEYS columns of rows already in the dataset, never made again; `task_groups` maps
+    instance ids to split groups (`splits.split_groups`: a combined task and its parts share one).
     """
     frame = trajectories if isinstance(trajectories, pl.DataFrame) else trajectory_frame(trajectories)
     if not config.include_probes:
         frame = frame.filter(~pl.col("batch").str.ends_with(PROBE_SUFFIX))
-    t, heavy, dropped = prepare(frame, config, count or token_counter(config.tokenizer)[0], gold)
+    t, heavy, dropped = prepare(frame, config, count or token_counter(config.tokenizer)[0], gold, task_groups)
     t, heavy, checks = guided_checks(t, heavy, config, gold)
     chosen, rejected, pool_dropped = candidates(t, config)
     dpo, dpo_dropped = dpo_rows(chosen, rejected, heavy, config, (seen or {}).get("dpo"))
@@ -220,8 +221,9 @@ def _stamps(paths: list[Path], data_dir: Path) -> list[list]:
     return [[str(p.relative_to(data_dir)), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
 
 
-def _gold_digest(gold: dict[str, str] | None, instance_ids: list[str]) -> str:
-    pairs = [[i, (gold or {}).get(i, "")] for i in instance_ids]
+def _tasks_digest(gold: dict[str, str] | None, task_groups: Mapping[str, str] | None, instance_ids: list[str]) -> str:
+    """What a batch's rows depend on besides its files: each task's gold patch and split group."""
+    pairs = [[i, (gold or {}).get(i, ""), (task_groups or {}).get(i, i)] for i in instance_ids]
     return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
 
 
@@ -250,7 +252,7 @@ def _seen(out_dir: Path, batches: list[str]) -> dict[str, pl.DataFrame]:
 
 
 def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, config: DatasetConfig,
-                    gold: dict[str, str] | None = None) -> BuildReport:
+                    gold: dict[str, str] | None = None, task_groups: Mapping[str, str] | None = None) -> BuildReport:
     """Build the batches under `data_dir` whose rows are missing or stale into `out_dir`; reuse the rest."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -265,11 +267,12 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
         files = trajectory_files(data_dir, name, config.include_probes)
         entry = old.get(name)
         if (not report.built and entry and entry["files"] == _stamps(files, data_dir) and entry["before"] == names[:i]
-                and entry["gold"] == _gold_digest(gold, entry["instance_ids"])):
+                and entry["gold"] == _tasks_digest(gold, task_groups, entry["instance_ids"])):
             manifest["batches"][name] = entry
             report.reused.append(name)
             continue
-        manifest["batches"][name] = _build_batch(data_dir, out_dir, name, names[:i], files, config, gold, count)
+        manifest["batches"][name] = _build_batch(data_dir, out_dir, name, names[:i], files, config, gold,
+                                                 task_groups, count)
         report.built.append(name)
         _write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
     for name in sorted(set(previous) - set(names)):
@@ -290,16 +293,17 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
 
 
 def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], files: list[Path],
-                 config: DatasetConfig, gold: dict[str, str] | None, count: Counter) -> dict:
+                 config: DatasetConfig, gold: dict[str, str] | None, task_groups: Mapping[str, str] | None,
+                 count: Counter) -> dict:
     """Build one batch's shards, a chunk of tasks at a time; its manifest entry."""
     stamps = _stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
     frame, skipped = read_trajectories(files, config.skip_bad_files)
     seen = _seen(out_dir, before)
-    parts = (build_rows(frame.filter(pl.col("instance_id").is_in(ids)), config, gold, seen, count)
+    parts = (build_rows(frame.filter(pl.col("instance_id").is_in(ids)), config, gold, seen, count, task_groups)
              for ids in task_chunks(frame))
     rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
     ids = sorted(frame["instance_id"].unique().to_list())
-    return {"files": stamps, "before": before, "instance_ids": ids, "gold": _gold_digest(gold, ids),
+    return {"files": stamps, "before": before, "instance_ids": ids, "gold": _tasks_digest(gold, task_groups, ids),
             "rows": rows, "dropped": dropped, "groups": groups, "checks": checks, "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 

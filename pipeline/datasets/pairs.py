@@ -12,7 +12,7 @@ calls are structured `{"id", "type": "function", "function": {"name", "arguments
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import polars as pl
 import pyarrow as pa
@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 CALL_TYPE = pa.struct([pa.field("id", STR), pa.field("type", STR),
                        pa.field("function", pa.struct([pa.field("name", STR), pa.field("arguments", STR)]))])
 CHAT_MESSAGE_TYPE = pa.struct([pa.field("role", STR, nullable=False), pa.field("content", STR),
-                               pa.field("tool_calls", pa.list_(CALL_TYPE)), pa.field("tool_call_id", STR)])
+                               pa.field("tool_calls", pa.list_(CALL_TYPE)), pa.field("tool_call_id", STR),
+                               pa.field("reasoning_content", STR)])
+"""A chat message as TRL and chat templates take it; `reasoning_content` is the model's returned reasoning
+(null when it gave none), which templates that show reasoning render."""
 CHAT = pa.list_(CHAT_MESSAGE_TYPE)
 CALLS = pl.List(pl.Struct({"id": pl.String, "type": pl.String,
                            "function": pl.Struct({"name": pl.String, "arguments": pl.String})}))
@@ -35,13 +38,13 @@ DPO_SCHEMA = record_schema(columns(
     ("prompt", CHAT), ("chosen", CHAT), ("rejected", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR),
     ("batch", STR), ("chosen_source", STR), ("chosen_rollout_id", STR), ("rejected_rollout_id", STR),
     ("prompt_tokens", INT), ("chosen_tokens", INT), ("rejected_tokens", INT), ("chosen_hash", STR),
-    ("rejected_hash", STR), ("chosen_rewrites", STR), ("chosen_hint_has_gold", BOOL)), "2", "PreferencePair")
+    ("rejected_hash", STR), ("chosen_rewrites", STR), ("chosen_hint_has_gold", BOOL)), "3", "PreferencePair")
 """`chosen_rewrites`: JSON list of the chosen completion's prose rewrites ({"message", "reason", "removed"}),
 '[]' when it is as sampled; `chosen_hint_has_gold`: the chosen attempt's hint held a line of the gold patch."""
 SFT_SCHEMA = record_schema(columns(
     ("messages", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR), ("batch", STR), ("source", STR),
     ("rollout_id", STR), ("reward", FLOAT), ("prompt_tokens", INT), ("completion_tokens", INT),
-    ("completion_hash", STR), ("rewrites", STR), ("hint_has_gold", BOOL)), "2", "SFTExample")
+    ("completion_hash", STR), ("rewrites", STR), ("hint_has_gold", BOOL)), "3", "SFTExample")
 MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", STR), pa.field("sample_index", INT),
                          pa.field("reward", FLOAT), pa.field("resolved", BOOL), pa.field("completion", CHAT),
                          pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32()))),
@@ -51,7 +54,7 @@ MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", 
 ACTGUIDE_SCHEMA = record_schema(columns(
     ("prompt", CHAT), ("guided_prompt", CHAT), ("tools", STR), ("actions", STR), ("K", INT), ("k_star", INT),
     ("group_kind", STR), ("trajectories", pa.list_(MEMBER_TYPE)), ("instance_id", STR), ("split", STR),
-    ("batch", STR), ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "2",
+    ("batch", STR), ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "3",
     "ActionGuidanceGroup")
 """One row per group with a learning signal (ActGuide-RL's Algorithm 1). `group_kind` 'mixed': a task's unguided
 group whose rewards differ, as it is (plain GRPO; `guided_prompt` is the prompt it was sampled under, the
@@ -170,15 +173,17 @@ def _gathered(rows: pl.DataFrame, heavy: pl.DataFrame, **columns: tuple[str, str
     return rows.with_columns(**{name: heavy[column].gather(rows[index]) for name, (column, index) in columns.items()})
 
 
-def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: dict[str, str] | None = None
-            ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
+def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: dict[str, str] | None = None,
+            task_groups: Mapping[str, str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
     """(t, heavy, dropped): the usable attempts' light columns with token counts, gold-leak flag and
     completion hashes (null for guided failures: no rule compares them), whose `row` indexes `heavy`
     (chat-form completion and unguided prompt, stored prompt, log-probs); the rest counted by reason.
-    `count` maps a stored-messages Series to token counts."""
+    `count` maps a stored-messages Series to token counts; `task_groups` maps an instance id to its split group
+    (`splits.split_groups`), which gives every row its `split`."""
     dropped: dict[str, int] = {}
     light = frame.select([c for c in USED if c not in HEAVY]).with_row_index("row")
     t = with_task_keys(light.unique("rollout_id", keep="last", maintain_order=True))
+    t = t.with_columns(split=split_column("instance_id", config.test_fraction, task_groups))
     dropped["duplicate_rollout"] = frame.height - t.height
     t = _drop(t, pl.col("infra_error") != "", "infra_error", dropped)  # not an attempt: never a failure
     t = _drop(t, pl.col("quotes_guidance"), "quotes_guidance", dropped)
@@ -275,7 +280,7 @@ def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, heavy: pl.DataFrame, 
     """DPO_SCHEMA rows: up to `pairs_per_task` (chosen, rejected) pairs per task and batch, in
     `order_pairs` order; never identical completions, pairs across prompts, or keys in `seen`."""
     dropped: dict[str, int] = {}
-    c = chosen.select(TASK + ["tools", "source", "prompt_tokens", pl.col("rank").alias("ci"),
+    c = chosen.select(TASK + ["split", "tools", "source", "prompt_tokens", pl.col("rank").alias("ci"),
                               pl.col("hint_gold").alias("chosen_hint_has_gold"),
                               pl.col("n").alias("n_chosen"), pl.col("rollout_id").alias("chosen_rollout_id"),
                               pl.col("completion_hash").alias("chosen_hash"), pl.col("prompt_key").alias("c_key"),
@@ -294,7 +299,7 @@ def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, heavy: pl.DataFrame, 
                      rejected=("completion", "r_row"), chosen_rewrites=("rewrites", "c_row"))
     return rows.select(
         "prompt", "chosen", "rejected", "tools", "instance_id",
-        split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
+        "split", pl.col("base_batch").alias("batch"),
         pl.col("source").alias("chosen_source"), "chosen_rollout_id", "rejected_rollout_id", "prompt_tokens",
         "chosen_tokens", "rejected_tokens", "chosen_hash", "rejected_hash", "chosen_rewrites",
         "chosen_hint_has_gold"), dropped
@@ -309,7 +314,7 @@ def sft_rows(chosen: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
                      rewrites=("rewrites", "row"))
     return rows.select(
         pl.concat_list("prompt_chat", "completion").alias("messages"), "tools", "instance_id",
-        split_column("instance_id", config.test_fraction).alias("split"), pl.col("base_batch").alias("batch"),
+        "split", pl.col("base_batch").alias("batch"),
         "source", "rollout_id", "reward", "prompt_tokens", "completion_tokens", "completion_hash", "rewrites",
         pl.col("hint_gold").alias("hint_has_gold")), dropped
 
@@ -382,5 +387,5 @@ def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
         "prompt", chat(pl.col("guided_prompt")).alias("guided_prompt"), "tools",
         pl.col("guidance_actions").map_batches(_actions_json, return_dtype=pl.String).alias("actions"),
         pl.col("guidance_actions").list.len().cast(pl.Int64).alias("K"), pl.col("guidance_k").alias("k_star"),
-        "group_kind", "trajectories", "instance_id", split_column("instance_id", config.test_fraction).alias("split"),
+        "group_kind", "trajectories", "instance_id", "split",
         pl.col("base_batch").alias("batch"), "group_id", "prompt_tokens", "guided_prompt_tokens"), dropped, groups
