@@ -21,7 +21,7 @@ from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConf
 from pipeline.grading import grade
 from pipeline.guidance.expert import expert_actions
 from pipeline.guidance.rescue import failed_groups
-from pipeline.records import TRAJECTORY_SCHEMA, schema_version
+from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, schema_version
 from pipeline.rollouts import RolloutConfig, plan_jobs, read_batch, run_batch
 from sandbox.images import LABEL
 from tests.loopback import AnthropicServer, OpenAIServer, Reply, ToolCall
@@ -51,7 +51,7 @@ def test_heuristic_batch_is_stored_and_resumes(synth_run, tmp_path):
     assert (metrics["infra_errors"], metrics["crashed"], metrics["exit_status"]) == (0, 0, {"submitted": 4})
 
     path = tmp_path / "b1" / "trajectories.parquet"
-    assert schema_version(pq.read_schema(path)) == "2"
+    assert schema_version(pq.read_schema(path)) == TRAJECTORY_SCHEMA_VERSION
     assert pq.read_schema(path).remove_metadata() == TRAJECTORY_SCHEMA.remove_metadata()
     import datasets
     import polars as pl
