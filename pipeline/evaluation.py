@@ -21,10 +21,10 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 from pathlib import Path
 from typing import Callable
 
+from pipeline.agent.identity import WEIGHT_SUFFIXES, weights_revision
 from pipeline.agent.policy import Policy
 from pipeline.datasets.splits import split_group, task_split
 from pipeline.records import Task, Trajectory
@@ -33,9 +33,6 @@ from training.config import EvaluationConfig
 
 Z95 = 1.959964
 INTERVAL = "95% t-interval over tasks (df = tasks - 1), clipped to [0, 1]; (0, 1) under two tasks"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")  # as pipeline.agent's policy identity hashes them
-HUB_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")  # huggingface_hub's cache layout
-CHUNK = 1 << 20  # bytes read at a time
 
 
 def held_out_tasks(tasks: list[Task], test_fraction: float, limit: int = 0) -> list[Task]:
@@ -127,22 +124,6 @@ def evaluation_rollouts(rollout: RolloutConfig, config: EvaluationConfig) -> Rol
     check_sampling(config)
     return dataclasses.replace(rollout, attempts=config.attempts,
                                agent=dataclasses.replace(rollout.agent, max_steps=config.max_steps))
-
-
-def weights_revision(path: Path) -> str:
-    """The Hub commit of a cached snapshot, else 'sha256:<hex>' over the top-level weight files' names and
-    bytes (sorted by name); '' when the folder holds none."""
-    commit = HUB_SNAPSHOT.search(path.resolve().as_posix() + "/")
-    if commit:
-        return commit.group(1)
-    digest, files = hashlib.sha256(), sorted(p for p in path.iterdir() if p.is_file()
-                                             and p.name.endswith(WEIGHT_SUFFIXES))
-    for file in files:
-        digest.update(file.name.encode() + b"\0")
-        with open(file, "rb") as f:
-            while block := f.read(CHUNK):
-                digest.update(block)
-    return "sha256:" + digest.hexdigest() if files else ""
 
 
 def model_identity(model: str) -> dict:
