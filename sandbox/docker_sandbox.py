@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts)
 PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must neither read nor write
+SESSION_TMPFS = "128m"  # the session's in-memory folder: state, and the current command's full output
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ class DockerSandbox:
                 network_mode="bridge" if c.network else "none",
                 mem_limit=c.memory, memswap_limit=c.memory, nano_cpus=int(c.cpus * 1e9),
                 pids_limit=c.pids, working_dir=self.workdir if self.workdir else None,
+                # The session's state and each command's output live in memory: a new file per
+                # command on the overlay costs milliseconds. Output past the cap is cut (ENOSPC).
+                tmpfs={STATE_DIR: f"size={SESSION_TMPFS},mode=0700"},
                 labels={LABEL: "sandbox", f"{LABEL}.pid": str(os.getpid()),
                         f"{LABEL}.host": socket.gethostname(), f"{LABEL}.started": str(int(time.time()))},
             )

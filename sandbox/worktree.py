@@ -35,9 +35,12 @@ def diff_command(workdir: str, base: str | None) -> str:
 def reset_command(workdir: str, base: str | None) -> str:
     """Tracked files back to base, untracked (not ignored) files removed; build outputs kept.
 
-    The index is dropped first, so the checkout compares contents, not timestamps.
+    The index is rebuilt from the base tree without stat data and refreshed, which compares every
+    file's contents (a same-size edit in the second of the checkout included) and records the stat
+    of those that match; the hard reset then rewrites only the files that differ.
     """
+    base = shlex.quote(base or "HEAD")
     return (
-        f"cd {shlex.quote(workdir)} && rm -f .git/index && {GIT} reset -q --hard {shlex.quote(base or 'HEAD')} "
-        f"&& {GIT} clean -fdq"
+        f"cd {shlex.quote(workdir)} && rm -f .git/index && {GIT} read-tree {base} && "
+        f"{{ {GIT} update-index -q --refresh >/dev/null; {GIT} reset -q --hard {base}; }} && {GIT} clean -fdq"
     )

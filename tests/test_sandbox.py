@@ -83,6 +83,18 @@ def test_large_output_is_capped(sandbox):
     assert len(result.output) < 200_000
 
 
+@pytest.mark.docker
+def test_output_past_the_session_folder_is_cut_and_the_session_lives(base_image):
+    from sandbox.docker_sandbox import SESSION_TMPFS
+
+    with DockerSandbox(base_image, workdir="/tmp") as sb:
+        flood = sb.run(f"head -c $(( {SESSION_TMPFS.rstrip('m')} * 2 ))M /dev/zero | tr '\\0' a; echo END")
+        # Writes past the folder's size fail (so `echo END` does), the head and tail come back.
+        assert flood.exit_code != 0 and flood.output.startswith("aaaa") and "bytes of output cut" in flood.output
+        assert sb.run("echo alive; df --output=used /run/handhold-shell | tail -1").output.split()[0] == "alive"
+        assert int(sb.run_privileged("du -sk /run/handhold-shell | cut -f1", 30).output) < 1024  # emptied once read
+
+
 def test_non_utf8_output(sandbox):
     result = sandbox.run("printf 'ok \\xff\\xfe bytes\\n'")
     assert result.output.startswith("ok ") and "\ufffd" in result.output
@@ -105,10 +117,12 @@ def test_diff_and_reset(sandbox):
     sandbox.run("mkdir -p pkg/__pycache__ && echo junk > pkg/__pycache__/m.pyc")
     patch = sandbox.diff()
     assert "-b\n+B" in patch and "new.py" in patch and "__pycache__" not in patch
+    sandbox.run("echo build > .git/info/exclude && mkdir -p build && echo out > build/lib.so")
     sandbox.reset()
     assert sandbox.diff() == ""
     assert sandbox.read_file("f.txt") == b"a\nb\n"
     assert sandbox.run("test -e new.py").exit_code == 1
+    assert sandbox.read_file("build/lib.so") == b"out\n"  # ignored build outputs stay
 
 
 def test_shell_exit_is_restarted_and_reported(sandbox):
