@@ -70,6 +70,8 @@ class Grade:
     """Every action the grader took on the patched tree ('restored <path>: <why>')."""
     suspicious: tuple[str, ...] = ()
     """Static flags on what the patch adds ('<what> in <path>'); evidence of tampering."""
+    test_seconds: float = 0.0
+    """Seconds the test command itself ran (the rest of `duration` is the grader's own work)."""
 
     @property
     def reward(self) -> float:
@@ -90,6 +92,8 @@ class _Run:
     effective_patch: str
     dropped: tuple[str, ...]
     enforcement: tuple[str, ...]
+    seconds: float
+    """How long the test command ran."""
 
 
 def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300,
@@ -104,7 +108,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     if run is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
     flags = suspicious_flags(run.effective_patch, flag_kinds(task.patch))
-    common = dict(dropped_files=run.dropped, enforcement=run.enforcement, suspicious=flags)
+    common = dict(dropped_files=run.dropped, enforcement=run.enforcement, suspicious=flags, test_seconds=run.seconds)
     log = _swebench_log(run)
     if run.timed_out:
         return Grade(False, "patch", "tests_timed_out", log=log, duration=time.monotonic() - start, **common)
@@ -165,7 +169,7 @@ def _apply_and_test(sandbox: Sandbox, task: Task, private: str, plugins: list[st
     return _Run((out["log"] or b"").decode("utf-8", errors="replace"), int(rc),
                 int(rc) == 124 or int(millis) >= timeout * 1000, out["junit.xml"] if pytest_run else None,
                 out["guard.log"] or b"", key, (out["effective.patch"] or b"").decode("utf-8", errors="replace"),
-                tuple(protect), tuple(f"restored {p}: {reasons[p]}" for p in protect))
+                tuple(protect), tuple(f"restored {p}: {reasons[p]}" for p in protect), int(millis) / 1000)
 
 
 def _interpreter(test_cmd: str) -> str:

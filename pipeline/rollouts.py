@@ -31,6 +31,7 @@ from pipeline.guidance.references import quotes_guidance
 # Guidance, read_batch and compact live in records and store; they stay importable from here.
 from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
+from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from sandbox.base import SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig, reap
@@ -69,6 +70,9 @@ class RolloutConfig:
     """Limits and prompt options of each attempt."""
     sandbox: DockerSandboxConfig = field(default_factory=DockerSandboxConfig)
     """Limits of every agent and grading sandbox."""
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    """Sandboxes started and prepared ahead of the attempts and grades that take them (within the step's
+    `sandboxes` slot: `size` containers besides the `workers` in use)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class BatchSummary:
     ran: int
     skipped: int
     seconds: float
+    pool: dict = field(default_factory=dict)
+    """What the warm sandbox pool did (PoolStats.as_metadata)."""
 
     def metrics(self) -> dict:
         done = [t for t in self.trajectories if not t.infra_error]
@@ -125,7 +131,7 @@ class BatchSummary:
             "attempts_per_minute": round(self.ran / self.seconds * 60, 2) if self.seconds else 0.0,
             "share_grading": round(sum(t.grade_time for t in self.trajectories) / wall, 3),
             "share_agent_tools": round(tool / wall, 3),
-            **token_id_coverage(self.trajectories),
+            **token_id_coverage(self.trajectories), **self.pool,
         }
 
 
@@ -162,18 +168,19 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
         stored = _stored(out_dir, progress)
         todo = [j for j in jobs if j.rollout_id not in stored]
         counter = _Progress(len(jobs), len(jobs) - len(todo), progress)
+        with SandboxPool(sandboxes, config.pool) as pool, ThreadPoolExecutor(max(1, config.workers)) as threads:
+            pool.expect([(j.task, config.sandbox) for j in todo for _ in ("agent", "grade")])
 
-        def work(job: Job) -> Trajectory:
-            traj = _store(out_dir, run_job(job, policy, config, batch, sandboxes))
-            counter.done(traj)
-            return traj
+            def work(job: Job) -> Trajectory:
+                traj = _store(out_dir, run_job(job, policy, config, batch, pool))
+                counter.done(traj)
+                return traj
 
-        with ThreadPoolExecutor(max(1, config.workers)) as pool:
-            for traj in pool.map(work, todo):
+            for traj in threads.map(work, todo):
                 stored[traj.rollout_id] = traj
         compact(out_dir)
     wanted = [stored[j.rollout_id] for j in jobs]
-    return BatchSummary(wanted, len(todo), len(jobs) - len(todo), time.monotonic() - start)
+    return BatchSummary(wanted, len(todo), len(jobs) - len(todo), time.monotonic() - start, pool.stats.as_metadata())
 
 
 def reap_orphans(progress: Callable[[str], None] = log.info) -> list[str]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from pipeline.records import Task
 from pipeline.tasks.packages import DEFAULT_PACKAGES
@@ -37,11 +39,25 @@ def base_image(docker_client) -> str:
 
 
 @pytest.fixture(scope="session")
-def synth_run(base_image, docker_client, tmp_path_factory):
-    """Tasks synthesized from toolz: the real thing, cut small for CI."""
-    cache = Path(tmp_path_factory.mktemp("synth-cache"))
+def shared_dir(tmp_path_factory, worker_id) -> Path:
+    """A folder every pytest-xdist worker of this run shares (the session's own one without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if worker_id != "master" else base
+
+
+@pytest.fixture(scope="session")
+def synth_run(base_image, docker_client, shared_dir):
+    """Tasks synthesized from toolz: the real thing, cut small for CI; made once per run, whatever the workers."""
+    cache = shared_dir / "synth-cache"
     config = SynthConfig(packages=(TOOLZ.name,), tasks_per_package=3, candidates_per_package=30)
-    tasks, report = synthesize(config, base_image, cache, docker_client)
+    saved = shared_dir / "synth-run.pickle"
+    with FileLock(str(shared_dir / "synth-run.lock")):
+        if saved.exists():
+            tasks, report = pickle.loads(saved.read_bytes())
+        else:
+            cache.mkdir(exist_ok=True)
+            tasks, report = synthesize(config, base_image, cache, docker_client)
+            saved.write_bytes(pickle.dumps((tasks, report)))
     return tasks, report, config, cache
 
 
