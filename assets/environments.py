@@ -113,4 +113,6 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
         "path": str(path), "tasks": len(all_tasks), "dataset_tasks": len(checked), "dataset_rows_validated": validated,
         "rejected": len(rejects), "synth_seconds": stats["seconds"],
         "per_package": stats["per_package"], "per_kind": stats["per_kind"], "copies_removed": stats["removed"],
+        "synth_seconds_per_task": stats["seconds_per_task"], "synth_tasks_per_hour": stats["tasks_per_hour"],
+        "synth_breakdown": stats["breakdown"],
     }, check_results=[task_check(all_tasks, config.recheck_tasks), answer_check(all_tasks, config.recheck_tasks)])

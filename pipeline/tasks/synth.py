@@ -18,7 +18,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -29,106 +28,20 @@ from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks import combine as combined
 from pipeline.tasks.copies import hidden_copies
-from pipeline.tasks.difficulty import difficulty, summary, task_difficulty
+from pipeline.tasks.difficulty import difficulty, task_difficulty
 from pipeline.tasks.issue_writer import written_statement
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
-from pipeline.tasks.packages import (DEFAULT_PACKAGES, WORKDIR, PackageError, PackageSpec, build_environment_image,
+from pipeline.tasks.packages import (WORKDIR, PackageError, PackageSpec, build_environment_image,
                                      fetch_source, package_specs, resolve, test_command)
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
 from pipeline.tasks.strength import tests_ignore_result
+from pipeline.tasks.synth_config import SynthConfig, SynthReport
 from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, run_suite, runnable
 from pipeline.tasks.validate import FLAKY, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
-
-_COUNT_LOCK = threading.Lock()  # candidate workers count from several threads
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    """How tasks are synthesized from packages."""
-
-    packages: tuple[str, ...] = tuple(p.name for p in DEFAULT_PACKAGES)
-    """Packages to inject bugs into: `name==version`, or `name` for the latest sdist (toolz, tabulate, boltons keep built-in pins), then optional overrides `test_paths=... source_globs=... test_requirements='a b' test_command='...'`; the rest is discovered from the sdist."""
-    tasks_per_package: int = 8
-    """Stop validating a package's candidates once this many are kept."""
-    candidates_per_package: int = 60
-    """Most bug candidates tried per package."""
-    max_fail_to_pass: int = 10
-    """A candidate breaking more tests than this is too blunt to be a task."""
-    baseline_runs: int = 3
-    """Runs of the pristine suite; a test that does not pass on every one is left out of PASS_TO_PASS."""
-    validation_runs: int = 3
-    """Runs with each bug (same failures every time) and with its gold patch (resolved every time) to keep it."""
-    min_pass_rate: float = 0.9
-    """A package whose suite passes less than this share of its tests is skipped."""
-    suite_timeout: float = 180.0
-    """Seconds one run of a package's suite may take; slower packages are skipped."""
-    slowdown: float = 3.0
-    """A candidate whose suite runs this many times slower than the clean suite is dropped."""
-    workers: int = 2
-    """Sandboxes validating candidates at once."""
-    max_per_function: int = 1
-    """Most candidates taken from one function (spreads tasks over the code)."""
-    seed: int = 0
-    """Seed of candidate sampling and problem-statement templates."""
-    rewrite: bool = False
-    """Also ask the teacher LLM (guidance.teacher, not `rule`) to rewrite functions with a subtle bug, same signature and docstring."""
-    rewrites_per_package: int = 6
-    """Most functions per package the teacher is asked to rewrite (each one request) when `rewrite` is on."""
-    combine: int = 0
-    """Most combined tasks per package: 2-3 kept bugs of one module (disjoint lines) merged, FAIL_TO_PASS their union; 0: none."""
-    reject_weak_tests: bool = True
-    """Drop a bug whose FAIL_TO_PASS tests all still pass with its function reduced to `return None`: they do not
-    check its result, so a fix that skips the function would be paid (`pipeline/tasks/strength.py`)."""
-
-    def __post_init__(self):
-        package_specs(self.packages)  # a malformed entry fails here, naming itself
-        if self.baseline_runs < 1 or self.validation_runs < 1:
-            raise ValueError("baseline_runs and validation_runs must be at least 1")
-        if self.rewrites_per_package < 0 or self.combine < 0:
-            raise ValueError("rewrites_per_package and combine must be 0 or more")
-
-
-@dataclass
-class SynthReport:
-    """What every stage did, per package and per mutation kind: generated, compiled, tested,
-    broke_tests, weak_tests (its tests ignore the function's result), stable (same failures every run), kept
-    (checked by the verifier)."""
-
-    per_package: dict[str, Counter] = field(default_factory=dict)
-    per_kind: dict[str, Counter] = field(default_factory=dict)
-    rejects: list[RejectedTask] = field(default_factory=list)
-    seconds: float = 0.0
-    difficulty: list[tuple[str, str, dict]] = field(default_factory=list)
-    """(package, kind, difficulty record) of every task returned, cached ones included."""
-    removed: dict[str, list[str]] = field(default_factory=dict)
-    """Per package, the copies of its source its image leaves out (build trees, dists, backups, bytecode:
-    pipeline/tasks/copies.py), as paths in the unpacked sdist."""
-
-    def count(self, package: str, kind: str, stage: str, n: int = 1) -> None:
-        with _COUNT_LOCK:
-            self.per_package.setdefault(package, Counter())[stage] += n
-            self.per_kind.setdefault(kind, Counter())[stage] += n
-
-    def note(self, package: str, what: str, n: float) -> None:
-        """A per-package figure that belongs to no mutation kind (tests found, flaky tests, seconds)."""
-        with _COUNT_LOCK:
-            self.per_package.setdefault(package, Counter())[what] += n
-
-    def as_json(self) -> dict:
-        by_package, by_kind = {}, {}
-        for package, kind, record in self.difficulty:
-            by_package.setdefault(package, []).append(record)
-            by_kind.setdefault(kind, []).append(record)
-        return {"per_package": {k: dict(v) for k, v in self.per_package.items()}, "removed": self.removed,
-                "per_kind": {k: dict(v) for k, v in sorted(self.per_kind.items())},
-                "rejects": len(self.rejects), "seconds": round(self.seconds, 1),
-                "difficulty": {"all": summary([r for _, _, r in self.difficulty]),
-                               "per_package": {k: summary(v) for k, v in by_package.items()},
-                               "per_kind": {k: summary(v) for k, v in sorted(by_kind.items())}}}
 
 
 def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
@@ -141,7 +54,8 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
         report.count(spec.key, cand.kind, "tested")
         # A bug that makes the suite much slower makes a slow task (and often a hang): drop it early.
         limit = max(5.0, config.slowdown * base.seconds)
-        first, text, timed_out = run_suite(sandbox, spec, limit)
+        with report.clock.stage("bug_runs"):
+            first, text, timed_out = run_suite(sandbox, spec, limit)
         if timed_out:
             return None
         f2p = sorted(t for t in base.passed if first.get(t, "FAILED") != "PASSED")
@@ -152,18 +66,25 @@ def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate,
             report.count(spec.key, cand.kind, "fail_to_pass_not_union")
             return None
         for _ in range(config.validation_runs - 1):
-            again, _, _ = run_suite(sandbox, spec, limit)
+            with report.clock.stage("bug_runs"):
+                again, _, _ = run_suite(sandbox, spec, limit)
             if sorted(t for t in base.passed if again.get(t, "FAILED") != "PASSED") != f2p:
                 report.count(spec.key, cand.kind, "flaky_with_bug")
                 return None
-        if config.reject_weak_tests and expect is None and tests_ignore_result(  # a combined bug's parts were probed
-                sandbox, spec, cand.file, cand.original_source, cand.function, f2p, limit):
+        if config.reject_weak_tests and expect is None and _weak(sandbox, spec, cand, f2p, limit, report):
             report.count(spec.key, cand.kind, "weak_tests")
             return None
         report.count(spec.key, cand.kind, "stable")
         return f2p, text
     finally:
-        sandbox.write_file(path, cand.original_source)
+        with report.clock.stage("restore"):
+            sandbox.write_file(path, cand.original_source)
+
+
+def _weak(sandbox, spec, cand, f2p, limit, report) -> bool:
+    """The weak-test probe (a combined bug's parts were probed)."""
+    with report.clock.stage("probe"):
+        return tests_ignore_result(sandbox, spec, cand.file, cand.original_source, cand.function, f2p, limit)
 
 
 def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
@@ -192,19 +113,23 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
                        report: SynthReport, client: docker.DockerClient, writer: Policy | None = None,
                        rewriter: Policy | None = None) -> list[Task]:
     """Candidate tasks of one package, in its environment image (not yet checked by the verifier)."""
-    root = fetch_source(spec, cache)
-    candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
-                                           max_per_function=config.max_per_function,
-                                           limit=config.candidates_per_package)
+    with report.clock.stage("candidates"):
+        root = fetch_source(spec, cache)
+        candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
+                                               max_per_function=config.max_per_function,
+                                               limit=config.candidates_per_package)
+        candidates = _rewrites(spec, root, config, report, rewriter) + candidates  # few and costly: tried first
     for kind, n in stats.generated.items():
         report.count(spec.key, kind, "generated", n)
     for kind, n in stats.compiled.items():
         report.count(spec.key, kind, "compiled", n)
-    candidates = _rewrites(spec, root, config, report, rewriter) + candidates  # few and costly: tried first
-    sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
+    with report.clock.stage("sandbox_start", config.workers):
+        sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
     try:
-        spec = runnable(sandboxes[0], spec, config)
-        base = baseline(sandboxes[0], spec, config)
+        with report.clock.stage("collect"):
+            spec = runnable(sandboxes[0], spec, config)
+        with report.clock.stage("baseline", config.baseline_runs):
+            base = baseline(sandboxes[0], spec, config)
         report.note(spec.key, "tests_found", base.total)
         report.note(spec.key, "stable_passing", len(base.passed))
         report.note(spec.key, "flaky_tests", len(base.flaky))
@@ -218,8 +143,9 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
             kept += _combined(spec, image, kept, base, sandboxes, config, report, writer)
             report.note(spec.key, "combine_seconds", round(time.monotonic() - begun, 1))  # verifier not included
     finally:
-        for sb in sandboxes:
-            sb.close()
+        with report.clock.stage("sandbox_close", len(sandboxes)):
+            for sb in sandboxes:
+                sb.close()
     return [task for task, _ in kept]
 
 
@@ -276,7 +202,7 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
                     if len(kept) < want:
                         kept.append((i, task, cand))
 
-    with ThreadPoolExecutor(len(sandboxes)) as pool:
+    with report.clock.parallel(len(sandboxes)), ThreadPoolExecutor(len(sandboxes)) as pool:
         for future in [pool.submit(worker, sb) for sb in sandboxes]:
             future.result()
     return [(task, cand) for _, task, cand in sorted(kept, key=lambda k: k[0])]
@@ -310,7 +236,8 @@ def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker
     for spec in specs if specs is not None else package_specs(config.packages):
         begun = time.monotonic()
         try:
-            spec = resolve(spec, cache)
+            with report.clock.stage("image"):
+                spec = resolve(spec, cache)
             found = _package_tasks(spec, base_image, cache, config, report, client, statement_writer, rewriter)
             report.difficulty += [(spec.key, json.loads(t.provenance)["kind"], task_difficulty(t)) for t in found]
             tasks += found
@@ -337,8 +264,9 @@ def _parts_kept(spec: PackageSpec, tasks: list[Task], report: SynthReport) -> li
 
 
 def _package_tasks(spec, base_image, cache, config, report, client, writer, rewriter) -> list[Task]:
-    image = build_environment_image(spec, base_image, cache, client)
-    report.removed[spec.key] = hidden_copies(fetch_source(spec, cache), spec.source_globs or ())
+    with report.clock.stage("image"):
+        image = build_environment_image(spec, base_image, cache, client)
+        report.removed[spec.key] = hidden_copies(fetch_source(spec, cache), spec.source_globs or ())
     report.note(spec.key, "copies_removed", len(report.removed[spec.key]))
     cached = _cache_file(spec, image, config, cache, writer, rewriter)
     if cached.exists():
@@ -348,7 +276,7 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
     log.info("%s: synthesizing tasks in %s", spec.key, image)
     candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
     begun = time.monotonic()
-    kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs)
+    kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs, clock=report.clock)
     report.note(spec.key, "verify_seconds", round(time.monotonic() - begun, 1))
     kept = _parts_kept(spec, kept, report)
     report.rejects += rejects

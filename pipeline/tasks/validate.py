@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import docker.errors
@@ -10,7 +11,8 @@ import docker.errors
 from pipeline.grading import Grade, grade_in
 from pipeline.records import RejectedTask, Task
 from pipeline.tasks.environment import SandboxFactory, task_sandbox
-from sandbox.base import SandboxError
+from pipeline.tasks.stage_clock import StageClock
+from sandbox.base import Sandbox, SandboxError
 
 
 FLAKY = "flaky:"
@@ -18,21 +20,21 @@ FLAKY = "flaky:"
 
 
 def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory = task_sandbox,
-               runs: int = 1) -> Task | RejectedTask:
+               runs: int = 1, clock: StageClock | None = None) -> Task | RejectedTask:
     """The task with its base_commit filled in, or the reason it is set aside: the gold patch must resolve
-    it on every one of `runs` grades, the empty patch must not.
+    it on every one of `runs` grades, the empty patch must not; `clock` is told where the time went.
 
     All grades run in one sandbox, reset to the base commit in between (a reset is
     exact and about 30 ms; a fresh container is about 700 ms).
     """
+    clock, start = clock or StageClock(), time.monotonic()
     try:
         with sandboxes(task, None) as sandbox:
+            clock.add("verify_setup", time.monotonic() - start)
             head = sandbox.base_commit or ""
-            golds = []
-            for _ in range(max(runs, 1)):
-                golds.append(grade_in(sandbox, task, task.patch, test_timeout))
-                sandbox.reset()
-            empty = grade_in(sandbox, task, "", test_timeout)
+            golds, empty = _grades(sandbox, task, test_timeout, runs, clock)
+            start = time.monotonic()
+        clock.add("sandbox_close", time.monotonic() - start)
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
         return RejectedTask(task.instance_id, "validate", f"sandbox failed: {exc}")
     resolved = sum(g.resolved for g in golds)
@@ -49,13 +51,27 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
     return dataclasses.replace(task, base_commit=head)
 
 
+def _grades(sandbox: Sandbox, task: Task, test_timeout: float, runs: int, clock: StageClock
+            ) -> tuple[list[Grade], Grade]:
+    """`runs` grades of the gold patch, reset in between, then the empty patch's."""
+    golds = []
+    for _ in range(max(runs, 1)):
+        with clock.stage("gold_grades"):
+            golds.append(grade_in(sandbox, task, task.patch, test_timeout))
+        with clock.stage("reset"):
+            sandbox.reset()
+    with clock.stage("empty_grade"):
+        return golds, grade_in(sandbox, task, "", test_timeout)
+
+
 def _failures(g: Grade) -> str:
     return g.report[:600] if g.report != "{}" else g.log[-600:]
 
 
-def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1
-                ) -> tuple[list[Task], list[RejectedTask]]:
+def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1,
+                clock: StageClock | None = None) -> tuple[list[Task], list[RejectedTask]]:
     """Check tasks in parallel (`runs` gold grades each); keep order."""
-    with ThreadPoolExecutor(max(workers, 1)) as pool:
-        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs), tasks))
+    clock = clock or StageClock()
+    with clock.parallel(workers), ThreadPoolExecutor(max(workers, 1)) as pool:
+        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock), tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
