@@ -1,21 +1,23 @@
-"""DPO + ActGuide + SFT build time and peak memory: the polars builders against a pure-Python build of
-the same rows (a loop over dicts, written with pyarrow), in the same run, on the same
-synthetic trajectories (tens of messages, kilobytes of tool output, per-token log-probs). Each build
-runs in its own process, so each peak RSS is its own; its CPU seconds (all threads, user and system)
-say what it costs whatever else the machine runs. Both outputs are compared table for table.
+"""DPO + ActGuide + SFT build time, peak memory and bytes written, on synthetic trajectories (tens of
+messages, kilobytes of tool output, per-token log-probs), against the I/O floor measured in the same run:
+reading the used columns of the inputs and writing the same output tables with the same settings, which
+no build of these rows can avoid. The build runs at two sizes (--trajectories and a quarter of it) in
+the same run, each in its own process, so each peak RSS is its own; CPU seconds (all threads, user and
+system) say what it costs whatever else the machine runs. At the smaller size the streamed shards are
+compared table for table with a build of each batch read whole (`build_rows` at once).
+
+Tasks are numbered with a fixed width, so a batch's files list them in name order, the order rows are
+made in: the build then holds one run of tasks at a time (`pipeline.datasets.files`).
 
     python benchmarks/datasets_build.py [--trajectories 200000] [--batches 10] [--dir /tmp/x]
-Targets: polars >= 10x faster than the baseline, peak memory < 4 GiB.
+Targets: the build takes at most 1.25x the I/O floor; its peak RSS at the two sizes within 10% of each other.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import random
-import re
 import resource
 import subprocess
 import sys
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
@@ -86,7 +89,8 @@ def attempt(text: Text, rng: random.Random, task: dict, batch: str, kind: str, s
         "dropped_files": [], "enforcement": [], "suspicious": [], "exit_status": "submitted",
         "infra_error": "sandbox_error: lost" if rng.random() < 0.01 else "", "error": "", "infra_retries": 0,
         "format_errors": 0, "total_tokens": 0, "wall_time": 1.0, "grade_time": 1.0,
-        "quotes_guidance": bool(hint) and rng.random() < 0.02, "created_at": ""}
+        "quotes_guidance": bool(hint) and rng.random() < 0.02, "created_at": "", "policy_model": "bench",
+        "policy_revision": "", "chat_template_hash": ""}
 
 
 def with_logprobs(rows: list[dict], rng: np.random.Generator) -> pa.Table:
@@ -110,7 +114,7 @@ def generate(data: Path, total: int, batches: int, seed: int = 0) -> dict[str, s
         batch, rows = f"2026-12-{b + 1:02d}", {"unguided": [], "guided": []}
         while made < total * (b + 1) // batches:
             body, name = text(150, 600).rstrip(), f"pkg/m{len(gold)}.py"
-            task = {"id": f"repo__{len(gold)}", "system": system, "issue": text(500, 2000),
+            task = {"id": f"repo__{len(gold):07d}", "system": system, "issue": text(500, 2000),
                     "gold": f"diff --git a/{name} b/{name}\n--- a/{name}\n+++ b/{name}\n"
                             f"@@ -1,4 +1,4 @@ def f():\n{body}\n",
                     "hunk": f"@@ -1,4 +1,4 @@\n{body}",
@@ -131,182 +135,26 @@ def generate(data: Path, total: int, batches: int, seed: int = 0) -> dict[str, s
     return gold
 
 
-# ---- the baseline: the same rows, built by a loop over dicts ----------------------------------------
-
-def canonical(messages: list[dict]) -> str:
-    return "\x1e".join("\x1f".join([m["role"], m["content"] or "", m["tool_calls"] or "", m["tool_call_id"] or ""])
-                       for m in messages)
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def chat(messages: list[dict]) -> list[dict]:
-    out = []
-    for m in messages:
-        calls = [{"id": c.get("id"), "type": c.get("type"), "function": {"name": c["function"].get("name"),
-                  "arguments": c["function"].get("arguments")}} for c in json.loads(m["tool_calls"])] \
-            if m["tool_calls"] is not None else None
-        out.append({**m, "tool_calls": calls})
-    return out
-
-
-def row_text(messages: list[dict]) -> str:
-    return "\x1e".join((m["content"] or "") + "\x1f" + "\x1e".join(
-        c["function"]["name"] + "\x1f" + c["function"]["arguments"] for c in m["tool_calls"] or []) for m in messages)
-
-
-def tokens(messages: list[dict]) -> int:
-    chars = sum(len(m["content"] or "") + len(m["tool_calls"] or "") for m in messages)
-    return (chars + 3) // 4 + 4 * len(messages)
-
-
-def hunks(gold_patch: str) -> str:
-    """The gold diff from its first hunk on, without what depends on the tool that wrote it."""
-    patch = re.sub(r"(?m)^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "", gold_patch)
-    found = re.search(r"(?s)(@@ .*)", re.sub(r"(?m)^(@@ [^@]* @@).*$", r"\1", patch).strip())
-    return found.group(1) if found else ""
-
-
-def usable(rows: list[dict], gold: dict[str, str], limits: tuple[int, int]) -> list[dict]:
-    """The polars `prepare`, row by row."""
-    order = {"unguided": 0, "guided": 1, "probe": 2}
-    out = []
-    for r in {r["rollout_id"]: r for r in rows}.values():
-        if r["infra_error"] or r["quotes_guidance"]:
-            continue
-        stored = r["messages"][len(r["prompt"]):]
-        r["origin"] = "probe" if r["batch"].endswith("-probes") else "unguided" if r["guidance_kind"] == "none" \
-            else "guided"
-        r["base_batch"] = r["batch"].removesuffix("-probes")
-        r["source"] = "unguided" if r["guidance_kind"] == "none" else "guided:" + r["guidance_kind"]
-        kind = KINDS.index(r["guidance_kind"]) if r["guidance_kind"] in KINDS else len(KINDS)
-        r["source_rank"] = order[r["origin"]] * 10 + kind
-        r["completion"], r["prompt_chat"] = chat(stored), chat(r["unguided_prompt"])
-        needle = r["guidance_text"]
-        if needle and needle in row_text(r["prompt_chat"]):
-            raise AssertionError(f"{r['rollout_id']}: guidance in the unguided prompt")
-        if needle and (needle in row_text(r["completion"]) or needle in r["tools"]):
-            continue
-        r["prompt_tokens"], r["completion_tokens"] = tokens(r["unguided_prompt"]), tokens(stored)
-        r["guided_prompt_tokens"] = tokens(r["prompt"])
-        if r["prompt_tokens"] > limits[0] or r["completion_tokens"] > limits[1]:
-            continue
-        h = hunks(gold.get(r["instance_id"], "")) if r["reward"] > 0 else ""
-        said = [m for m in r["completion"] if m["role"] == "assistant"]
-        r["gold_leak"] = bool(h) and h in row_text(r["prompt_chat"]) + "\x1e" + row_text(said)
-        r["completion_hash"] = sha(canonical(stored))
-        r["prompt_key"] = sha(canonical(r["unguided_prompt"]) + "\x1d" + r["tools"])
-        out.append(r)
-    return out
-
-
-def first_distinct(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """Rows grouped by task, the first of each distinct completion kept, in the given order."""
-    seen, groups = set(), {}
-    for r in rows:
-        key = (r["base_batch"], r["instance_id"], r["completion_hash"])
-        if key not in seen:
-            seen.add(key)
-            groups.setdefault(key[:2], []).append(r)
-    return groups
-
-
-def baseline_rows(rows: list[dict], gold: dict[str, str], seen: dict[str, set], config) -> dict[str, list[dict]]:
-    from pipeline.datasets.splits import task_split
-
-    rows = usable(rows, gold, (config.max_prompt_tokens, config.max_completion_tokens))
-    chosen = first_distinct(sorted((r for r in rows if r["reward"] > 0 and not r["gold_leak"]), key=lambda r: (
-        r["base_batch"], r["instance_id"], r["source_rank"], r["sample_index"], r["rollout_id"])))
-    rejected = first_distinct(sorted((r for r in rows if r["origin"] == "unguided" and r["reward"] <= 0), key=lambda r: (
-        r["base_batch"], r["instance_id"], r["sample_index"], r["rollout_id"])))
-    dpo = []
-    for task in sorted(set(chosen) & set(rejected)):
-        cs, rs, found = chosen[task], rejected[task], []
-        for i, c in enumerate(cs):
-            for j, r in enumerate(rs):
-                zipped = (i % len(rs) == j) if len(cs) >= len(rs) else (j % len(cs) == i)
-                order = (i if len(cs) >= len(rs) else j) if zipped else max(len(cs), len(rs)) + i * len(rs) + j
-                key = (task[1], c["completion_hash"], r["completion_hash"])
-                if c["completion_hash"] != r["completion_hash"] and c["prompt_key"] == r["prompt_key"] \
-                        and key not in seen["dpo"]:
-                    found.append((order, c, r))
-        for _, c, r in sorted(found, key=lambda x: x[0])[:config.pairs_per_task]:
-            dpo.append({"prompt": c["prompt_chat"], "chosen": c["completion"], "rejected": r["completion"],
-                        "tools": c["tools"], "instance_id": task[1], "split": task_split(task[1], config.test_fraction),
-                        "batch": task[0], "chosen_source": c["source"], "chosen_rollout_id": c["rollout_id"],
-                        "rejected_rollout_id": r["rollout_id"], "prompt_tokens": c["prompt_tokens"],
-                        "chosen_tokens": c["completion_tokens"], "rejected_tokens": r["completion_tokens"],
-                        "chosen_hash": c["completion_hash"], "rejected_hash": r["completion_hash"]})
-    sft = [{"messages": c["prompt_chat"] + c["completion"], "tools": c["tools"], "instance_id": c["instance_id"],
-            "split": task_split(c["instance_id"], config.test_fraction), "batch": c["base_batch"],
-            "source": c["source"], "rollout_id": c["rollout_id"], "reward": c["reward"],
-            "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
-            "completion_hash": c["completion_hash"]}
-           for task in sorted(chosen) for c in chosen[task]
-           if (c["instance_id"], c["completion_hash"]) not in seen["sft"]]
-    return {"dpo": dpo, "actguide": baseline_actguide(rows, config), "sft": sft}
-
-
-def baseline_actguide(rows: list[dict], config) -> list[dict]:
-    from pipeline.datasets.splits import task_split
-
-    heads, members = {}, {}
-    for r in sorted(rows, key=lambda r: (r["base_batch"], r["instance_id"], r["group_id"], r["sample_index"],
-                                         r["rollout_id"])):
-        if r["origin"] == "guided" and r["guidance_kind"] == "action":
-            heads.setdefault(r["group_id"], r)
-            members.setdefault(r["group_id"], []).append((1, r))
-    for r in rows:
-        for g, head in heads.items():
-            if r["origin"] == "unguided" and (r["base_batch"], r["instance_id"]) == (head["base_batch"],
-                                                                                     head["instance_id"]):
-                members[g].append((0, r))
-    out = []
-    for g, h in sorted(heads.items(), key=lambda kv: (kv[1]["base_batch"], kv[1]["instance_id"], kv[0])):
-        group = sorted(members[g], key=lambda m: (m[0], m[1]["sample_index"], m[1]["rollout_id"]))
-        out.append({"prompt": h["prompt_chat"], "guided_prompt": chat(h["prompt"]), "tools": h["tools"],
-                    "actions": json.dumps([{"name": a["name"], "args": json.loads(a["args"])}
-                                           for a in h["guidance_actions"]], ensure_ascii=False),
-                    "K": len(h["guidance_actions"]), "k_star": h["guidance_k"], "trajectories": [
-                        {"rollout_id": m["rollout_id"], "sampled_under": ("unguided", "guided")[o],
-                         "sample_index": m["sample_index"], "reward": m["reward"], "resolved": m["resolved"],
-                         "completion": m["completion"], "completion_tokens": m["completion_tokens"],
-                         "logprobs": m["logprobs"]} for o, m in group],
-                    "instance_id": h["instance_id"], "split": task_split(h["instance_id"], config.test_fraction),
-                    "batch": h["base_batch"], "group_id": g, "prompt_tokens": h["prompt_tokens"],
-                    "guided_prompt_tokens": h["guided_prompt_tokens"]})
-    return out
-
-
-COLUMNS = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
-           "guidance_actions", "guidance_k", "prompt", "unguided_prompt", "messages", "tools", "logprobs", "reward",
-           "resolved", "infra_error", "quotes_guidance"]  # the columns the rules use
-
-
-def baseline(data: Path, out: Path, gold: dict[str, str]) -> None:
-    """Each batch's files read whole into dicts, the rows made by the loops above, each shard written
-    as the builders write theirs (same codec: same files, not only the same rows)."""
-    from pipeline.datasets.build import COMPRESSION, KINDS as SCHEMAS, DatasetConfig, batch_names, trajectory_files
-
-    config, seen = DatasetConfig(), {"dpo": set(), "sft": set()}
-    for batch in batch_names(data):
-        rows = [r for f in trajectory_files(data, batch) for r in pq.read_table(f, columns=COLUMNS).to_pylist()]
-        built = baseline_rows(rows, gold, seen, config)
-        for kind, schema in SCHEMAS.items():
-            (out / kind).mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(built[kind], schema=schema), out / kind / f"{batch}.parquet",
-                           compression=COMPRESSION)
-        seen["dpo"] |= {(r["instance_id"], r["chosen_hash"], r["rejected_hash"]) for r in built["dpo"]}
-        seen["sft"] |= {(r["instance_id"], r["completion_hash"]) for r in built["sft"]}
-
-
-def polars_build(data: Path, out: Path, gold: dict[str, str]) -> None:
+def stream_build(data: Path, out: Path, gold: dict[str, str]) -> None:
     from pipeline.datasets import DatasetConfig, update_datasets
 
     report = update_datasets(data, out, DatasetConfig(), gold)
     print(json.dumps({"rows": report.rows, "dropped": report.dropped}), file=sys.stderr)
+
+
+def whole_build(data: Path, out: Path, gold: dict[str, str]) -> None:
+    """Each batch read whole and built at once (no runs, no streaming), written as the build writes."""
+    from pipeline.datasets.build import KINDS, SEEN_KEYS, DatasetConfig, build_rows, rows_table
+    from pipeline.datasets.files import batch_names, read_trajectories, trajectory_files, write_rows_table
+
+    config, seen = DatasetConfig(), {}
+    for batch in batch_names(data):
+        built = build_rows(read_trajectories(trajectory_files(data, batch))[0], config, gold, seen)
+        for kind, schema in KINDS.items():
+            (out / kind).mkdir(parents=True, exist_ok=True)
+            write_rows_table(rows_table(getattr(built, kind), schema), out / kind / f"{batch}.parquet")
+        seen = {kind: pl.concat([seen[kind], getattr(built, kind).select(keys)]) if kind in seen
+                else getattr(built, kind).select(keys) for kind, keys in SEEN_KEYS.items()}
 
 
 def clock() -> tuple[float, float]:
@@ -321,8 +169,8 @@ def since(start: tuple[float, float]) -> tuple[float, float]:
 
 def io_floor(data: Path, out: Path) -> tuple[float, float]:
     """(wall, CPU) seconds any build spends on I/O: reading the inputs' used columns and writing the same
-    output tables (those in `out`, read beforehand, untimed) as the shards are written."""
-    from pipeline.datasets.build import COMPRESSION, batch_names, read_trajectories, trajectory_files
+    output tables (those in `out`, read beforehand, untimed) with the settings the shards are written with."""
+    from pipeline.datasets.files import batch_names, read_trajectories, trajectory_files, write_rows_table
 
     start = clock()
     for batch in batch_names(data):
@@ -331,7 +179,7 @@ def io_floor(data: Path, out: Path) -> tuple[float, float]:
     for path in sorted(out.rglob("*.parquet")):
         table = pq.read_table(path)
         start = clock()
-        pq.write_table(table, out.parent / "io-floor.parquet", compression=COMPRESSION)
+        write_rows_table(table, out.parent / "io-floor.parquet")
         spent = tuple(a + b for a, b in zip(spent, since(start)))
     return spent
 
@@ -341,9 +189,9 @@ def child(phase: str, data: Path, out: Path) -> None:
     gold = json.loads((data / "gold.json").read_text())
     start = clock()
     if phase == "io":
-        seconds, cpu = io_floor(data, out)  # (its peak RSS is that of the largest output shard, read whole)
+        seconds, cpu = io_floor(data, out)  # (its peak RSS is that of a whole batch's used columns)
     else:
-        {"polars": polars_build, "baseline": baseline}[phase](data, out, gold)
+        {"build": stream_build, "whole": whole_build}[phase](data, out, gold)
         seconds, cpu = since(start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
     print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": peak}))
@@ -352,15 +200,16 @@ def child(phase: str, data: Path, out: Path) -> None:
 def measured(phase: str, data: Path, out: Path) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", phase, "--dir", str(data), "--out", str(out)],
                           capture_output=True, text=True, check=True)
-    print(done.stderr.strip()[-2000:])
+    if done.stderr.strip():
+        print(done.stderr.strip()[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def same_rows(a: Path, b: Path) -> bool:
     """Both outputs hold the same shards with equal tables (types, order and values)."""
-    from pipeline.datasets.build import KINDS as SCHEMAS
+    from pipeline.datasets.build import KINDS
 
-    for kind in SCHEMAS:
+    for kind in KINDS:
         names = sorted(p.name for p in (a / kind).glob("*.parquet"))
         if names != sorted(p.name for p in (b / kind).glob("*.parquet")):
             return False
@@ -371,38 +220,62 @@ def same_rows(a: Path, b: Path) -> bool:
     return True
 
 
+def written(out: Path, kind: str) -> tuple[int, int]:
+    """(bytes, rows) of one kind's shards."""
+    paths = list((out / kind).glob("*.parquet"))
+    return sum(p.stat().st_size for p in paths), sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+
+
+def generated(root: Path, total: int, batches: int) -> Path:
+    data, start = root / f"data-{total}", time.perf_counter()
+    gold = generate(data, total, batches)
+    (data / "gold.json").write_text(json.dumps(gold))
+    size = sum(p.stat().st_size for p in data.rglob("*.parquet"))
+    print(f"generated {total} trajectories in {batches} batches ({size / 2**20:.0f} MiB of Parquet) in "
+          f"{time.perf_counter() - start:.0f} s")
+    return data
+
+
+def line(name: str, m: dict) -> str:
+    return (f"{name:28s} {m['seconds']:8.1f} s   CPU {m['cpu_seconds']:6.1f} s   "
+            f"peak RSS {m['peak_bytes'] / 2**30:5.2f} GiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trajectories", type=int, default=200_000)
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--dir", default="", help="working folder (default: a new temporary one, removed after)")
-    parser.add_argument("--child", choices=["polars", "baseline", "io"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["build", "whole", "io"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child, Path(args.dir), Path(args.out))
+    big, small = args.trajectories, args.trajectories // 4
     with tempfile.TemporaryDirectory(dir=args.dir or None) as tmp:
-        data = Path(tmp) / "data"
-        start = time.perf_counter()
-        gold = generate(data, args.trajectories, args.batches)
-        (data / "gold.json").write_text(json.dumps(gold))
-        size = sum(p.stat().st_size for p in data.rglob("*.parquet"))
-        print(f"generated {args.trajectories} trajectories in {args.batches} batches ({size / 2**20:.0f} MiB of "
-              f"Parquet) in {time.perf_counter() - start:.0f} s")
-        fast = measured("polars", data, Path(tmp) / "polars")
-        slow = measured("baseline", data, Path(tmp) / "baseline")
-        floor = measured("io", data, Path(tmp) / "polars")
-        for name, m in [("polars builders", fast), ("pure-Python baseline", slow), ("I/O alone", floor)]:
-            print(f"{name:22s} {m['seconds']:8.1f} s   CPU {m['cpu_seconds']:6.1f} s   "
-                  f"peak RSS {m['peak_bytes'] / 2**30:5.2f} GiB")
-        print(f"speed-up {slow['seconds'] / fast['seconds']:.1f}x (target >= 10x); "
-              f"polars peak {fast['peak_bytes'] / 2**30:.2f} GiB (target < 4 GiB); "
-              f"same rows: {same_rows(Path(tmp) / 'polars', Path(tmp) / 'baseline')}")
-        print(f"the most any build of these rows can reach on this machine ({os.cpu_count()} cores): baseline / I/O "
-              f"alone = {slow['seconds'] / floor['seconds']:.1f}x")
-        print(f"beyond the I/O both do: polars {fast['seconds'] - floor['seconds']:.1f} s, baseline "
-              f"{slow['seconds'] - floor['seconds']:.1f} s, ratio "
-              f"{(slow['seconds'] - floor['seconds']) / max(fast['seconds'] - floor['seconds'], 1e-9):.1f}x")
+        root = Path(tmp)
+        data = {n: generated(root, n, args.batches) for n in (small, big)}
+        build = {n: measured("build", data[n], root / f"build-{n}") for n in (small, big)}
+        floor = measured("io", data[big], root / f"build-{big}")
+        whole = measured("whole", data[small], root / f"whole-{small}")
+        for name, m in [(f"build, {big}", build[big]), (f"I/O floor, {big}", floor), (f"build, {small}", build[small]),
+                        (f"whole-batch build, {small}", whole)]:
+            print(line(name, m))
+        ratio = build[big]["seconds"] / floor["seconds"]
+        peaks = [build[n]["peak_bytes"] for n in (small, big)]
+        growth = max(peaks) / min(peaks) - 1
+        print(f"build / I/O floor at {big}: {ratio:.2f}x (target <= 1.25x: {'met' if ratio <= 1.25 else 'NOT met'}); "
+              f"CPU {build[big]['cpu_seconds'] / floor['cpu_seconds']:.2f}x")
+        print(f"peak RSS {peaks[0] / 2**30:.2f} GiB at {small}, {peaks[1] / 2**30:.2f} GiB at {big}: {growth:+.1%} "
+              f"(target within 10%: {'met' if growth <= 0.10 else 'NOT met'})")
+        out = root / f"build-{big}"
+        sizes = {kind: written(out, kind) for kind in ("dpo", "actguide", "sft")}
+        total = sum(b for b, _ in sizes.values())
+        print(f"bytes written per trajectory: {total / big:,.0f} (" + ", ".join(
+            f"{kind} {b / big:,.0f}" for kind, (b, _) in sizes.items()) + f"); per DPO row "
+            f"{sizes['dpo'][0] / max(sizes['dpo'][1], 1):,.0f}")
+        print(f"streamed shards equal the whole-batch build at {small}: "
+              f"{same_rows(root / f'build-{small}', root / f'whole-{small}')}")
 
 
 if __name__ == "__main__":

@@ -19,25 +19,25 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Mapping
+from typing import Callable, Iterable, Iterator, Literal, Mapping, TypeVar
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, PROBE_SUFFIX, SFT_SCHEMA, USED, actguide_rows,
-                                     candidates, dpo_rows, prepare, sft_rows)
+from pipeline.datasets.files import (BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, batch_names, instance_ids,
+                                     read_trajectories, rows_writer, trajectory_files)
+from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, PROBE_SUFFIX, SFT_SCHEMA, actguide_rows, candidates,
+                                     dpo_rows, prepare, sft_rows)
 from pipeline.datasets.guided import guided_checks
 from pipeline.datasets.splits import Counter, token_counter
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
-from pipeline.store import check_contract
 
 BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
 KINDS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
 MANIFEST = "manifest.json"
-CHUNK = 4000  # trajectories built at once: memory stays bounded whatever the size of a batch
-COMPRESSION = "zstd"  # shards stay on disk batch after batch: zstd halves them (snappy saves ~13 CPU-s per 200k attempts)
+T = TypeVar("T")
+CHUNK = 2000  # trajectories built at once (two runs are in memory: one built, the next read): flat memory
 
 
 @dataclass(frozen=True)
@@ -82,18 +82,6 @@ class DatasetConfig:
             raise ValueError("DatasetConfig.max_prompt_tokens / max_completion_tokens must be >= 0 (0: no limit)")
 
 
-@dataclass(frozen=True)
-class SkippedFile:
-    """A trajectory file left out of a build, and why."""
-
-    path: str
-    reason: str
-
-
-class BadTrajectoryFile(ValueError):
-    """A trajectory file this version cannot read; the message names the file and the fix."""
-
-
 @dataclass
 class BatchRows:
     """The rows one build made (polars frames of the KINDS schemas' columns) and what it left out, by reason."""
@@ -123,9 +111,25 @@ def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: Datase
     instance ids to split groups (`splits.split_groups`: a combined task and its parts share one).
     """
     frame = trajectories if isinstance(trajectories, pl.DataFrame) else trajectory_frame(trajectories)
+    return rows_of(prepared(frame, config, count or token_counter(config.tokenizer)[0], gold, task_groups),
+                   config, gold, seen)
+
+
+Prepared = tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]
+
+
+def prepared(frame: pl.DataFrame, config: DatasetConfig, count: Counter, gold: dict[str, str] | None,
+             task_groups: Mapping[str, str] | None) -> Prepared:
+    """`build_rows`' first stage, mostly polars (it runs beside the Python checks of the previous run)."""
     if not config.include_probes:
         frame = frame.filter(~pl.col("batch").str.ends_with(PROBE_SUFFIX))
-    t, heavy, dropped = prepare(frame, config, count or token_counter(config.tokenizer)[0], gold, task_groups)
+    return prepare(frame, config, count, gold, task_groups)
+
+
+def rows_of(ready: Prepared, config: DatasetConfig, gold: dict[str, str] | None,
+            seen: dict[str, pl.DataFrame] | None) -> BatchRows:
+    """`build_rows`' second stage: guided checks, candidates and the rows of each kind."""
+    t, heavy, dropped = ready
     t, heavy, checks = guided_checks(t, heavy, config, gold)
     chosen, rejected, pool_dropped = candidates(t, config)
     dpo, dpo_dropped = dpo_rows(chosen, rejected, heavy, config, (seen or {}).get("dpo"))
@@ -135,56 +139,6 @@ def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: Datase
                            ("actguide.", act_dropped)]:
         dropped.update({prefix + k: v for k, v in counts.items()})
     return BatchRows(dpo, actguide, sft, dropped, groups, checks)
-
-
-def read_trajectory_file(path: str | os.PathLike) -> pl.DataFrame:
-    """The columns the builders use from one trajectory file; BadTrajectoryFile when it cannot be read."""
-    fix = ("rerun the rollouts that wrote it with this version of handhold, or move it away; "
-           "datasets.skip_bad_files: true builds without it")
-    try:
-        schema = pq.read_schema(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise BadTrajectoryFile(f"{path}: not a readable Parquet file ({exc}); {fix}") from exc
-    problem = check_contract(schema, TRAJECTORY_SCHEMA)
-    if problem:
-        raise BadTrajectoryFile(f"{path} {problem}; {fix}")
-    try:
-        return pl.read_parquet(path, columns=USED)
-    except (pl.exceptions.PolarsError, pa.ArrowException, OSError) as exc:
-        raise BadTrajectoryFile(f"{path}: corrupt Parquet data ({exc}); {fix}") from exc
-
-
-def read_trajectories(paths: Iterable[Path], skip_bad_files: bool = False) -> tuple[pl.DataFrame, list[SkippedFile]]:
-    """Every file's rows in file order (`prepare` keeps the last of a repeated rollout_id: shards are
-    newer than the compacted file); a bad file raises, or with `skip_bad_files` is left out and reported."""
-    frames, skipped = [], []
-    for path in paths:
-        try:
-            frames.append(read_trajectory_file(path))
-        except BadTrajectoryFile as exc:
-            if not skip_bad_files:
-                raise
-            skipped.append(SkippedFile(str(path), str(exc)))
-    if not frames:
-        return pl.from_arrow(TRAJECTORY_SCHEMA.empty_table().select(USED)), skipped
-    return pl.concat(frames, how="vertical"), skipped
-
-
-def batch_names(data_dir: str | os.PathLike) -> list[str]:
-    """Batches with stored trajectories (unguided, guided or probes), in name order."""
-    root = Path(data_dir) / "trajectories"
-    return sorted({p.name for origin in ("unguided", "guided", "probes") for p in (root / origin).glob("*")
-                   if p.is_dir() and not p.name.startswith(".")})
-
-
-def trajectory_files(data_dir: str | os.PathLike, batch: str, include_probes: bool = True) -> list[Path]:
-    """A batch's trajectory files: each folder's compacted file, then its shards."""
-    root = Path(data_dir) / "trajectories"
-    folders = [root / "unguided" / batch, root / "guided" / batch]
-    if include_probes:
-        folders += sorted(p for p in (root / "probes" / batch).glob("*") if p.is_dir())
-    return [f for folder in folders
-            for f in [folder / "trajectories.parquet", *sorted((folder / "shards").glob("*.parquet"))] if f.exists()]
 
 
 def rows_table(rows: pl.DataFrame, schema: pa.Schema) -> pa.Table:
@@ -295,16 +249,42 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
 def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], files: list[Path],
                  config: DatasetConfig, gold: dict[str, str] | None, task_groups: Mapping[str, str] | None,
                  count: Counter) -> dict:
-    """Build one batch's shards, a chunk of tasks at a time; its manifest entry."""
+    """Build one batch's shards, a run of tasks at a time; its manifest entry. A file found bad only
+    while streaming is left out by building the batch again without it (`skip_bad_files`), else raised."""
     stamps = _stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
-    frame, skipped = read_trajectories(files, config.skip_bad_files)
+    ids, skipped = instance_ids(files, config.skip_bad_files)
     seen = _seen(out_dir, before)
-    parts = (build_rows(frame.filter(pl.col("instance_id").is_in(ids)), config, gold, seen, count, task_groups)
-             for ids in task_chunks(frame))
-    rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
-    ids = sorted(frame["instance_id"].unique().to_list())
-    return {"files": stamps, "before": before, "instance_ids": ids, "gold": _tasks_digest(gold, task_groups, ids),
-            "rows": rows, "dropped": dropped, "groups": groups, "checks": checks, "skipped": [dataclasses.asdict(s) for s in skipped]}
+    while True:
+        runs = task_chunks(pl.DataFrame({"instance_id": pl.concat([pl.Series([], dtype=pl.String), *ids.values()])}))
+        stream = TaskRuns(ids, runs)
+
+        def ready(run: int) -> Prepared:
+            return prepared(stream.rows(run), config, count, gold, task_groups)
+
+        try:
+            parts = (rows_of(p, config, gold, seen) for p in _ahead(ready, len(runs)))
+            rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
+            break
+        except BadTrajectoryFile as exc:
+            if not config.skip_bad_files:
+                raise
+            skipped.append(SkippedFile(exc.path, str(exc)))
+            ids.pop(Path(exc.path))
+    skipped.sort(key=lambda s: files.index(Path(s.path)))
+    task_ids = sorted({i for run in runs for i in run})
+    return {"files": stamps, "before": before, "instance_ids": task_ids,
+            "gold": _tasks_digest(gold, task_groups, task_ids), "rows": rows, "dropped": dropped, "groups": groups,
+            "checks": checks, "skipped": [dataclasses.asdict(s) for s in skipped]}
+
+
+def _ahead(make: Callable[[int], T], n: int) -> Iterator[T]:
+    """make(0) ... make(n - 1) in order, each next one made in a thread while the caller uses this one."""
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(make, 0) if n else None
+        for i in range(n):
+            done = future.result()
+            future = pool.submit(make, i + 1) if i + 1 < n else None
+            yield done
 
 
 def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]:
@@ -322,13 +302,13 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
     and checks."""
     paths = {kind: shard(out_dir, kind, batch) for kind in KINDS}
     tmps = {kind: _temporary(path) for kind, path in paths.items()}
-    writers = {kind: pq.ParquetWriter(tmps[kind], schema, compression=COMPRESSION) for kind, schema in KINDS.items()}
+    writers = {kind: rows_writer(tmps[kind], schema) for kind, schema in KINDS.items()}
     rows, dropped, groups, checks, pending = dict.fromkeys(KINDS, 0), {}, {}, {}, []
 
     def append(kind: str, part: BatchRows) -> None:
         table = rows_table(getattr(part, kind), KINDS[kind])
         if table.num_rows:
-            writers[kind].write_table(table)
+            append_rows(writers[kind], table)
 
     try:
         with ThreadPoolExecutor(len(KINDS)) as pool:  # Arrow encodes and compresses without the GIL

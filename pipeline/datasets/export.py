@@ -23,9 +23,9 @@ from typing import Iterable, Mapping, Union
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from pipeline.datasets.files import write_rows_table
 from pipeline.datasets.splits import combined_split_conflicts, split_column, split_groups
 from pipeline.pictures import draw_text, png
 from pipeline.records import Task
@@ -161,7 +161,7 @@ def export_dataset(folder: Path, tables: Mapping[str, Frame | Mapping[str, Frame
             for split in by_split:
                 path = staging / shard_path(config, split)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(splits[config][split], path)
+                write_rows_table(splits[config][split], path)
         sizes = {c: {s: (staging / shard_path(c, s)).stat().st_size for s in by_split} for c, by_split in rows.items()}
         histogram = k_star_histogram(pl.from_arrow(as_arrow(plans))) if plans is not None else None
         if histogram is not None:
