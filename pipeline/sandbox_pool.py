@@ -23,7 +23,7 @@ from typing import ContextManager, Hashable, Iterator
 
 from pipeline.records import Task
 from pipeline.tasks.environment import SandboxFactory, task_sandbox
-from sandbox.base import Sandbox
+from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 
 log = logging.getLogger(__name__)
@@ -122,10 +122,15 @@ class SandboxPool:
         if entry is None or entry.future is None:
             return None
         try:
-            return entry.future.result()
-        except Exception as exc:  # the taker retries on a sandbox of its own, which reports its own fault
-            log.info("a sandbox made ahead for %s failed (%s); making one on the spot", entry.task.instance_id, exc)
+            made = entry.future.result()
+            _check_alive(made[1])
+            return made
+        except Exception as exc:  # the taker makes one of its own, which reports its own fault
+            log.info("a sandbox made ahead for %s failed or died (%s); making one on the spot",
+                     entry.task.instance_id, exc)
             self._count("wasted", 0.0)
+            if entry.future.exception() is None:
+                self._closer.submit(_exit_quietly, entry.future.result()[0])
             return None
 
     def _fill(self) -> None:
@@ -169,6 +174,13 @@ class SandboxPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_alive(sandbox: Sandbox) -> None:
+    """Raise when a ready sandbox died while it waited (its container killed or gone)."""
+    result = sandbox.run("true", timeout=30)
+    if result.exit_code != 0 or result.shell_restarted:
+        raise SandboxError(f"its shell answered exit {result.exit_code}: {result.output[-200:]}")
 
 
 def _enter(context: ContextManager[Sandbox]) -> tuple[ContextManager[Sandbox], Sandbox]:

@@ -12,12 +12,16 @@ from pipeline.records import Task
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.tasks.environment import task_sandbox
+from sandbox.base import CommandResult
 from tests.test_batch_local import HintFollower, calc_task, sandboxes  # noqa: F401 (a fixture)
 
 
 class Made:
     def __init__(self, task: Task, number: int):
-        self.task, self.number, self.closed, self.users = task, number, False, 0
+        self.task, self.number, self.closed, self.users, self.dead = task, number, False, 0, False
+
+    def run(self, command: str, timeout: float) -> CommandResult:
+        return CommandResult(-1 if self.dead else 0, "", 0.0)
 
 
 class Factory:
@@ -103,6 +107,17 @@ def test_a_ready_sandbox_idle_too_long_is_closed_and_its_request_made_later():
         made = use(pool, task("a__1"))
         assert made is not factory.made[0] and factory.made[0].closed
     assert pool.stats.cold == 1 and pool.stats.wasted == 1
+
+
+def test_a_ready_sandbox_that_died_while_waiting_is_replaced():
+    factory = Factory()
+    with SandboxPool(factory, PoolConfig(size=1)) as pool:
+        pool.expect([(task("a__1"), None)])
+        wait_ready(pool, 1)
+        factory.made[0].dead = True  # its container was killed while it waited
+        made = use(pool, task("a__1"))
+    assert made is not factory.made[0] and not made.dead and factory.made[0].closed
+    assert (pool.stats.warm, pool.stats.cold, pool.stats.wasted) == (0, 1, 1)
 
 
 def test_size_zero_makes_nothing_ahead():
