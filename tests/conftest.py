@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,16 @@ def synth_run(base_image, docker_client, shared_dir):
         else:
             cache.mkdir(exist_ok=True)
             tasks, report = synthesize(config, base_image, cache, docker_client)
-            saved.write_bytes(pickle.dumps((tasks, report)))
+            with open(saved, "wb") as f:
+                _LocksAnew(f).dump((tasks, report))
     return tasks, report, config, cache
+
+
+class _LocksAnew(pickle.Pickler):
+    """Pickles a lock (the report's clock holds one) as a new lock."""
+
+    def reducer_override(self, obj):
+        return (threading.Lock, ()) if isinstance(obj, type(threading.Lock())) else NotImplemented
 
 
 @pytest.fixture(scope="session")
