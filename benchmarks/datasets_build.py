@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import resource
 import subprocess
 import sys
@@ -193,8 +194,14 @@ def child(phase: str, data: Path, out: Path) -> None:
     else:
         {"build": stream_build, "whole": whole_build}[phase](data, out, gold)
         seconds, cpu = since(start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
-    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": peak}))
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": peak_rss()}))
+
+
+def peak_rss() -> int:
+    """Bytes of this process's peak RSS since it started (VmHWM; ru_maxrss would carry over the parent's peak
+    at fork, here the generator's)."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) * 1024
 
 
 def measured(phase: str, data: Path, out: Path) -> dict:

@@ -132,7 +132,8 @@ def trajectory_files(data_dir: str | os.PathLike, batch: str, include_probes: bo
             for f in [folder / "trajectories.parquet", *sorted((folder / "shards").glob("*.parquet"))] if f.exists()]
 
 
-def instance_ids(paths: Iterable[Path], skip_bad_files: bool = False) -> tuple[dict[Path, pl.Series], list[SkippedFile]]:
+def instance_ids(paths: Iterable[Path], skip_bad_files: bool = False
+                 ) -> tuple[dict[Path, pl.Series], list[SkippedFile]]:
     """Each readable file's instance_id column (file order kept), and the files left out, as `read_trajectories`."""
     ids, skipped = {}, []
     for path in paths:
