@@ -19,7 +19,7 @@ from pipeline.tasks.mutations import BugCandidate
 from pipeline.tasks.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
 from pipeline.tasks.packages import test_command as command_of
 from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
-from pipeline.tasks.validate import FLAKY, check_task
+from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_task
 from sandbox.local_sandbox import LocalSandbox
 
 
@@ -244,3 +244,25 @@ def test_gold_patch_must_resolve_on_every_run(tmp_path):
     stable = check_task(dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add",)),
                         sandboxes=sandboxes, runs=3)
     assert isinstance(stable, Task)
+
+
+def test_the_empty_patch_must_fail_exactly_fail_to_pass_when_exact(tmp_path):
+    """A synthesized bug's last run with the bug is the verifier's grade of the empty patch: with `exact`, a
+    PASS_TO_PASS test failing there sets the task aside, as a disagreeing bug run would."""
+    repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
+    source = (repo / "calc.py").read_text()
+    (repo / "calc.py").write_text(source.replace("a + b", "a - b").replace("a * 2", "a * 3"))  # breaks both
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-qam", "bug"], cwd=repo, check=True)
+    gold = subprocess.run([*git, "diff", "HEAD", "HEAD~1"], cwd=repo, check=True, capture_output=True, text=True).stdout
+    add, double = "tests/test_calc.py::test_add", "tests/test_calc.py::test_double"
+    task = Task(instance_id="calc__2", repo="demo/calc", base_commit="", patch=gold, test_patch="",
+                problem_statement="x", FAIL_TO_PASS=(add,), PASS_TO_PASS=(double,), image="local/calc",
+                workdir="/testbed", test_cmd="python -m pytest -rA -p no:cacheprovider tests",
+                log_parser="parse_log_pytest", source="synth", setup_patch="", test_files=("tests",))
+    sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
+    assert isinstance(check_task(task, sandboxes=sandboxes), Task)  # the loose check: the empty patch fails add
+    strict = check_task(task, sandboxes=sandboxes, exact=True)
+    assert not isinstance(strict, Task) and strict.reason.startswith(FLAKY_BUG)
+    both = dataclasses.replace(task, FAIL_TO_PASS=(add, double), PASS_TO_PASS=())
+    assert isinstance(check_task(both, sandboxes=sandboxes, exact=True), Task)

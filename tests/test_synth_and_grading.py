@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+
+import pytest
 
 from pipeline.grading import grade
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
+from pipeline.tasks.stage_clock import STAGES, StageClock
 from pipeline.tasks.synth import synthesize
 
 from tests.conftest import TOOLZ
@@ -30,6 +34,34 @@ def test_synthesis_yields_valid_tasks(synth_run):
         removed = [line[1:].strip() for line in task.patch.splitlines()
                    if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
         assert not any(line in task.problem_statement for line in removed if len(line) > 12)
+
+
+def test_the_time_breakdown_sums_to_the_total_and_counts_every_run(synth_run):
+    tasks, report, config, _ = synth_run
+    stats = report.as_json()
+    breakdown, runs = stats["breakdown"], stats["stage_runs"]
+    assert set(breakdown) <= set(STAGES) and breakdown["bug_runs"] > 0 and breakdown["gold_grades"] > 0
+    assert sum(breakdown.values()) == pytest.approx(report.seconds, abs=0.01 * len(breakdown))
+    assert stats["tasks_kept"] == len(tasks) and stats["seconds_per_task"] == round(report.seconds / len(tasks), 2)
+    assert stats["tasks_per_hour"] == round(3600 * len(tasks) / report.seconds, 1)
+    verified = len(tasks) + sum(r.stage == "validate" for r in report.rejects)
+    assert runs["gold_grades"] == config.validation_runs * verified and runs["empty_grade"] == verified
+    assert runs["baseline"] == config.baseline_runs and runs["bug_runs"] >= report.per_package[TOOLZ.key]["tested"]
+
+
+def test_a_parallel_phase_counts_each_worker_share_and_the_idle_rest_as_waiting():
+    clock = StageClock()
+    clock.add("baseline", 3.0)
+    with clock.parallel(2):
+        clock.add("bug_runs", 0.1)  # two workers: 0.05 s of the phase's wall time
+        time.sleep(0.2)  # the phase lasts at least 0.2 s, so at least 0.15 s of it nobody claimed
+    parts = clock.breakdown(10.0)
+    assert parts["baseline"] == 3.0 and parts["bug_runs"] == 0.05 and parts["waiting"] >= 0.15
+    assert sum(parts.values()) == pytest.approx(10.0, abs=0.03) and parts["other"] == pytest.approx(
+        10.0 - 3.05 - parts["waiting"], abs=0.01)
+    with pytest.raises(ValueError, match="unknown stage 'bugs'; add it to STAGES"):
+        with clock.stage("bugs"):
+            pass
 
 
 def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):

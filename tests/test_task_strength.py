@@ -4,11 +4,13 @@ run for real on this host in a local sandbox."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 from pathlib import Path
 
 from pipeline.tasks.mutations import BugCandidate
 from pipeline.tasks.strength import stubbed
+from pipeline.tasks.strength import tests_ignore_result as ignores_result  # not a test
 from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
 from sandbox.local_sandbox import LocalSandbox
 from tests.test_package_sources import SPEC, tree  # the same `calc` package spec
@@ -89,3 +91,28 @@ def test_a_bug_whose_tests_ignore_the_functions_result_is_dropped(tmp_path):
     assert unchecked[0] == ["tests/test_calc.py::test_describe_runs"]  # what the probe is there to stop
     counts = report.per_package[SPEC.key]
     assert (counts["tested"], counts["broke_tests"], counts["weak_tests"], counts["stable"]) == (2, 2, 1, 1)
+
+
+def test_the_probe_runs_the_files_of_the_failing_tests_and_agrees_with_the_whole_suite(tmp_path):
+    root, marker = repo(tmp_path / "calc"), tmp_path / "ran-elsewhere"
+    tree(root, {"tests/test_other.py": f"from pathlib import Path\n\n\ndef test_elsewhere():\n"
+                                       f"    Path({str(marker)!r}).touch()\n"})
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "other"], cwd=root, check=True)
+    pytest_spec = dataclasses.replace(SPEC, test_command="", test_paths=("tests",), pytest_args=())
+    weak, strong = ["tests/test_calc.py::test_describe_runs"], ["tests/test_calc.py::test_add"]
+    with LocalSandbox(root, timeout=120) as sandbox:
+        verdicts = {}
+        for spec in (pytest_spec, SPEC):  # the files of the tests; a custom command: the whole suite
+            for name, function, f2p in (("weak", "describe", weak), ("strong", "add", strong)):
+                verdicts[spec.test_command, name] = ignores_result(sandbox, spec, "calc.py", CALC, function, f2p,
+                                                                   120)
+                sandbox.write_file("calc.py", CALC)
+            verdicts[spec.test_command, "elsewhere ran"] = marker.exists()
+            marker.unlink(missing_ok=True)
+        missing = ignores_result(sandbox, pytest_spec, "calc.py", CALC, "describe",
+                                      ["tests/test_calc.py::test_gone"], 120)
+    assert verdicts == {("", "weak"): True, ("", "strong"): False, ("", "elsewhere ran"): False,
+                        (SPEC.test_command, "weak"): True, (SPEC.test_command, "strong"): False,
+                        (SPEC.test_command, "elsewhere ran"): True}
+    assert missing is False and marker.exists()  # a test the files lack: the whole suite ran

@@ -15,13 +15,14 @@ import time
 from collections import Counter
 from typing import Iterator
 
+_LOCK = threading.Lock()  # module-wide, so a clock pickles (a report is shared between test workers)
 STAGES = {
     "image": "environment image built or found, source fetched and unpacked",
     "candidates": "bug candidates generated from the source (and the teacher's rewrites)",
     "sandbox_start": "containers started for synthesis (and stopped: `sandbox_close`)",
+    "prime": "the tree compiled once per sandbox (bytecode and pytest's rewritten test modules)",
     "collect": "test collection, to settle how the suite runs reliably",
     "baseline": "the pristine suite's runs",
-    "coverage": "one traced run: which tests call which function",
     "bug_runs": "suite runs with a candidate bug in place",
     "probe": "the weak-test probe: FAIL_TO_PASS tests with the function returning None",
     "restore": "the original file written back after a candidate",
@@ -41,7 +42,6 @@ class StageClock:
     def __init__(self):
         self.seconds: Counter = Counter()
         self.runs: Counter = Counter()
-        self._lock = threading.Lock()
         self._share = 1  # workers of the current parallel phase
 
     @contextlib.contextmanager
@@ -56,7 +56,7 @@ class StageClock:
             self.add(name, time.monotonic() - start, runs)
 
     def add(self, name: str, seconds: float, runs: int = 1) -> None:
-        with self._lock:
+        with _LOCK:
             self.seconds[name] += seconds / self._share
             self.runs[name] += runs
 

@@ -3,8 +3,11 @@
 Per package version: one environment image; its pristine suite run `baseline_runs` times (a
 test that does not pass every time is never PASS_TO_PASS); AST bug candidates validated in
 sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still passing
-PASS_TO_PASS; the same failures on every one of `validation_runs` runs, and the gold patch
-resolving on every run); every stage counted, every package that yields nothing says why. Besides AST
+PASS_TO_PASS; the same failures on every one of `validation_runs` runs, the last of them the
+verifier's grade of the empty patch, and the gold patch resolving on every run); every stage counted
+and timed (pipeline/tasks/stage_clock.py), every package that yields nothing says why. Sandboxes run
+the suite from bytecode compiled once (suite.prime_bytecode); the weak-test probe runs the files of
+the FAIL_TO_PASS tests. Besides AST
 mutations: rewrites by the teacher LLM (`rewrite`) and bugs of one module combined (`combine`); every kept
 task carries a difficulty record in its provenance, summarised in the report.
 """
@@ -33,58 +36,15 @@ from pipeline.tasks.issue_writer import written_statement
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.packages import (WORKDIR, PackageError, PackageSpec, build_environment_image,
                                      fetch_source, package_specs, resolve, test_command)
+from pipeline.tasks.bug_runs import try_candidate
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
-from pipeline.tasks.strength import tests_ignore_result
 from pipeline.tasks.synth_config import SynthConfig, SynthReport
-from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, run_suite, runnable
-from pipeline.tasks.validate import FLAKY, check_tasks
+from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, prime_bytecode, runnable
+from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
-
-
-def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
-                  config: SynthConfig, report: SynthReport, expect: list[str] | None = None
-                  ) -> tuple[list[str], str] | None:
-    """(FAIL_TO_PASS, log) when the bug breaks the same tests on every run; the file is restored after."""
-    path = f"{sandbox.workdir}/{cand.file}"
-    sandbox.write_file(path, cand.mutated_source)
-    try:
-        report.count(spec.key, cand.kind, "tested")
-        # A bug that makes the suite much slower makes a slow task (and often a hang): drop it early.
-        limit = max(5.0, config.slowdown * base.seconds)
-        with report.clock.stage("bug_runs"):
-            first, text, timed_out = run_suite(sandbox, spec, limit)
-        if timed_out:
-            return None
-        f2p = sorted(t for t in base.passed if first.get(t, "FAILED") != "PASSED")
-        if not 1 <= len(f2p) <= config.max_fail_to_pass or len(f2p) == len(base.passed):
-            return None
-        report.count(spec.key, cand.kind, "broke_tests")
-        if expect is not None and f2p != expect:  # a combined bug must fail exactly its parts' tests
-            report.count(spec.key, cand.kind, "fail_to_pass_not_union")
-            return None
-        for _ in range(config.validation_runs - 1):
-            with report.clock.stage("bug_runs"):
-                again, _, _ = run_suite(sandbox, spec, limit)
-            if sorted(t for t in base.passed if again.get(t, "FAILED") != "PASSED") != f2p:
-                report.count(spec.key, cand.kind, "flaky_with_bug")
-                return None
-        if config.reject_weak_tests and expect is None and _weak(sandbox, spec, cand, f2p, limit, report):
-            report.count(spec.key, cand.kind, "weak_tests")
-            return None
-        report.count(spec.key, cand.kind, "stable")
-        return f2p, text
-    finally:
-        with report.clock.stage("restore"):
-            sandbox.write_file(path, cand.original_source)
-
-
-def _weak(sandbox, spec, cand, f2p, limit, report) -> bool:
-    """The weak-test probe (a combined bug's parts were probed)."""
-    with report.clock.stage("probe"):
-        return tests_ignore_result(sandbox, spec, cand.file, cand.original_source, cand.function, f2p, limit)
 
 
 def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str], base: Baseline,
@@ -126,6 +86,9 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
     with report.clock.stage("sandbox_start", config.workers):
         sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
     try:
+        with report.clock.stage("prime", len(sandboxes)):
+            for sandbox in sandboxes:
+                prime_bytecode(sandbox, spec, config.suite_timeout)
         with report.clock.stage("collect"):
             spec = runnable(sandboxes[0], spec, config)
         with report.clock.stage("baseline", config.baseline_runs):
@@ -276,11 +239,13 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
     log.info("%s: synthesizing tasks in %s", spec.key, image)
     candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
     begun = time.monotonic()
-    kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs, clock=report.clock)
+    kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs, clock=report.clock,
+                                exact=True)
     report.note(spec.key, "verify_seconds", round(time.monotonic() - begun, 1))
     kept = _parts_kept(spec, kept, report)
     report.rejects += rejects
     report.note(spec.key, "flaky_gold", sum(r.reason.startswith(FLAKY) for r in rejects))
+    report.note(spec.key, "flaky_with_bug_verifier", sum(r.reason.startswith(FLAKY_BUG) for r in rejects))
     for task in kept:
         report.count(spec.key, json.loads(task.provenance)["kind"], "kept")
     counts = report.per_package[spec.key]

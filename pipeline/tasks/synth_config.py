@@ -30,7 +30,8 @@ class SynthConfig:
     baseline_runs: int = 3
     """Runs of the pristine suite; a test that does not pass on every one is left out of PASS_TO_PASS."""
     validation_runs: int = 3
-    """Runs with each bug (same failures every time) and with its gold patch (resolved every time) to keep it."""
+    """Runs with each bug (same failures every time; the last is the verifier's grade of the empty patch) and
+    grades of its gold patch (resolved every time) to keep it."""
     min_pass_rate: float = 0.9
     """A package whose suite passes less than this share of its tests is skipped."""
     suite_timeout: float = 180.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,12 +18,16 @@ from sandbox.base import Sandbox, SandboxError
 
 FLAKY = "flaky:"
 """How the reason of a task set aside for resolving on some runs and not others begins."""
+FLAKY_BUG = "flaky with the bug:"
+"""How the reason begins when the empty patch's grade fails other tests than FAIL_TO_PASS (`exact`)."""
 
 
 def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory = task_sandbox,
-               runs: int = 1, clock: StageClock | None = None) -> Task | RejectedTask:
+               runs: int = 1, clock: StageClock | None = None, exact: bool = False) -> Task | RejectedTask:
     """The task with its base_commit filled in, or the reason it is set aside: the gold patch must resolve
-    it on every one of `runs` grades, the empty patch must not; `clock` is told where the time went.
+    it on every one of `runs` grades, the empty patch must not; `exact`: the empty patch's grade must fail
+    every FAIL_TO_PASS test and pass every PASS_TO_PASS one (a synthesized bug's last run with the bug);
+    `clock` is told where the time went.
 
     All grades run in one sandbox, reset to the base commit in between (a reset is
     exact and about 30 ms; a fresh container is about 700 ms).
@@ -48,6 +53,9 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
     if empty.resolved:
         return RejectedTask(task.instance_id, "validate", "the empty patch resolves it: FAIL_TO_PASS tests "
                             "pass without any change")
+    if exact and not _fails_exactly_fail_to_pass(empty):
+        return RejectedTask(task.instance_id, "validate", f"{FLAKY_BUG} the empty patch's grade does not fail "
+                            f"exactly the FAIL_TO_PASS tests: {_failures(empty)}")
     return dataclasses.replace(task, base_commit=head)
 
 
@@ -64,14 +72,23 @@ def _grades(sandbox: Sandbox, task: Task, test_timeout: float, runs: int, clock:
         return golds, grade_in(sandbox, task, "", test_timeout)
 
 
+def _fails_exactly_fail_to_pass(g: Grade) -> bool:
+    """Every FAIL_TO_PASS test failed and every PASS_TO_PASS one passed, as the grade's report says."""
+    status = json.loads(g.report)
+    if not status:
+        return False
+    return not status.get("FAIL_TO_PASS", {}).get("success") and not status.get("PASS_TO_PASS", {}).get("failure")
+
+
 def _failures(g: Grade) -> str:
     return g.report[:600] if g.report != "{}" else g.log[-600:]
 
 
 def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1,
-                clock: StageClock | None = None) -> tuple[list[Task], list[RejectedTask]]:
-    """Check tasks in parallel (`runs` gold grades each); keep order."""
+                clock: StageClock | None = None, exact: bool = False) -> tuple[list[Task], list[RejectedTask]]:
+    """Check tasks in parallel (`runs` gold grades each; `exact`: see check_task); keep order."""
     clock = clock or StageClock()
     with clock.parallel(workers), ThreadPoolExecutor(max(workers, 1)) as pool:
-        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock), tasks))
+        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact),
+                                tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
