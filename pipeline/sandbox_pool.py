@@ -139,10 +139,12 @@ class SandboxPool:
             return
         for entry in list(self._queue)[:self.config.size]:
             if entry.future is None and not entry.late:
-                entry.future, entry.since = self._workers.submit(self._make, entry), time.monotonic()
+                entry.future = self._workers.submit(self._make, entry)
 
     def _make(self, entry: _Ready) -> tuple[ContextManager, Sandbox]:
-        return _enter(self.factory(entry.task, entry.config))
+        made = _enter(self.factory(entry.task, entry.config))
+        entry.since = time.monotonic()  # ready from now: its idle time counts from here
+        return made
 
     def _expire(self) -> None:
         """Close ready sandboxes that waited longer than `idle` (the lock is held); their requests stay
