@@ -11,9 +11,9 @@ from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat
 
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.export import CardInfo, export_dataset
-from pipeline.datasets.masking import AssistantOnlyDPOTrainer, TruncationPolicy, to_template_row
+from training.masking import AssistantOnlyDPOTrainer, TruncationPolicy, to_template_row
 from tests.test_datasets_build import TASK_T1, traj
-from tests.test_datasets_masking import train
+from tests.test_training_masking import train
 from training.tiny_model import build_tiny_model
 
 

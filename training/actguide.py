@@ -115,7 +115,7 @@ def member_turns(member, tokenizer, prompts, tools, config: ActGuideTrainingConf
         except TokenMismatch as error:
             if config.behaviour_logprobs == "stored":
                 raise TrainingDataError(f"{error}; set {SETTING}: recompute to re-render it") from error
-    from pipeline.datasets.masking import to_template_row
+    from training.masking import to_template_row
 
     chat = to_template_row({"messages": member["completion"]})["messages"]
     return rendered_turns(tokenizer, sampled, unguided, chat, tools), "rendered"
@@ -125,7 +125,7 @@ def prepare_examples(rows, tokenizer, config: ActGuideTrainingConfig, starting: 
                      ) -> tuple[list[Example], dict[str, int]]:
     """Examples of every trajectory with a non-zero advantage, and counts of what was left out and why.
     `starting` is the starting model's identity, which stored log-probs must have been sampled by."""
-    from pipeline.datasets.masking import to_template_row
+    from training.masking import to_template_row
 
     counts = {"groups": 0, "guided_groups": 0, "equal_reward_groups": 0, "too_long": 0, "stored_tokens": 0,
               "rendered_tokens": 0}

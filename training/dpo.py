@@ -5,7 +5,7 @@
 Rows come from the exported dataset folder's `dpo` train shard: the
 unguided prompt, a success as chosen and an unguided failure as rejected. Only the policy's own
 tokens (assistant text, tool-call text, end of turn) count in the log-ratios
-(`pipeline.datasets.masking.AssistantOnlyDPOTrainer`). The run folder gets the checkpoint (the full
+(`training.masking.AssistantOnlyDPOTrainer`). The run folder gets the checkpoint (the full
 model, or the LoRA adapter), the tokenizer, the settings used and the metrics of every step.
 """
 
@@ -56,7 +56,7 @@ def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | 
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
 
-    from pipeline.datasets.masking import AssistantOnlyDPOTrainer, TruncationPolicy
+    from training.masking import AssistantOnlyDPOTrainer, TruncationPolicy
 
     rows = load_rows(dataset_folder)
     out = fresh_run_dir(out_dir)

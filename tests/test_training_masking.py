@@ -12,7 +12,7 @@ from trl import DPOConfig, SFTConfig, SFTTrainer
 from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from pipeline.datasets.masking import (
+from training.masking import (
     AssistantOnlyDPOTrainer,
     AssistantOnlyPreferenceCollator,
     TruncationPolicy,
