@@ -10,11 +10,12 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 demo: base-image
 	$(VENV)/bin/handhold demo
 
-# The suite's workers (pytest-xdist), a test file each at a time: most tests wait on containers, not the CPU.
+# The suite's workers (pytest-xdist), a test file each at a time, the slowest files first (tests/conftest.py):
+# most tests wait on containers, not the CPU.
 TEST_WORKERS ?= 3
 
 test: base-image chromium redis
-	HANDHOLD_REQUIRE_DOCKER=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	HANDHOLD_REQUIRE_DOCKER=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The Dagster UI: the code location `handhold` ([tool.dagster] in pyproject.toml), the instance in DAGSTER_HOME
 # (its dagster.yaml caps the sandboxes pool: HANDHOLD_SANDBOX_POOL_LIMIT=N make dev).

@@ -15,6 +15,7 @@ import shlex
 from pipeline.records import Task
 from pipeline.tasks.environment import pristine
 from sandbox.base import Sandbox
+from sandbox.worktree import checkout_command
 
 CONDA = "/opt/miniconda3/bin/activate"  # SWE-bench images keep the repo's environment there
 LOG_CAP = 50_000_000  # bytes of test output kept
@@ -70,7 +71,7 @@ def pristine_tree(sandbox: Sandbox) -> str:
     keep, base = pristine(sandbox), shlex.quote(sandbox.base_commit or "HEAD")
     kill = f"pkill -KILL -U {sandbox.run_as.split()[0]}; " if sandbox.run_as else ""
     return (f"if [ -f {keep}/ignored.tar ]; then {kill}cd {shlex.quote(sandbox.workdir)} && "
-            f"cp {keep}/git-config .git/config && rm -f .git/index && {GIT} reset -q --hard {base} && "
+            f"cp {keep}/git-config .git/config && {checkout_command(base, GIT)} && "
             f"{GIT} clean -fdq && {GIT} ls-files -z -o -i --exclude-standard | sort -z | "
             f"comm -z -23 - <(sort -z {keep}/ignored) | xargs -0r rm -rf -- && tar -xpf {keep}/ignored.tar "
             "|| exit 1; fi")

@@ -33,14 +33,17 @@ def diff_command(workdir: str, base: str | None) -> str:
 
 
 def reset_command(workdir: str, base: str | None) -> str:
-    """Tracked files back to base, untracked (not ignored) files removed; build outputs kept.
+    """Tracked files back to base, untracked (not ignored) files removed; build outputs kept."""
+    return f"cd {shlex.quote(workdir)} && {checkout_command(shlex.quote(base or 'HEAD'))} && {GIT} clean -fdq"
+
+
+def checkout_command(base: str, git: str = GIT) -> str:
+    """Shell, run in the work tree, that makes every tracked file exactly as at `base` (a quoted commit).
 
     The index is rebuilt from the base tree without stat data and refreshed, which compares every
     file's contents (a same-size edit in the second of the checkout included) and records the stat
-    of those that match; the hard reset then rewrites only the files that differ.
+    of those that match; the hard reset then rewrites only the files that differ, so the files it
+    keeps keep their timestamps (and the bytecode compiled from them stays valid).
     """
-    base = shlex.quote(base or "HEAD")
-    return (
-        f"cd {shlex.quote(workdir)} && rm -f .git/index && {GIT} read-tree {base} && "
-        f"{{ {GIT} update-index -q --refresh >/dev/null; {GIT} reset -q --hard {base}; }} && {GIT} clean -fdq"
-    )
+    return (f"rm -f .git/index && {git} read-tree {base} && "
+            f"{{ {git} update-index -q --refresh >/dev/null; {git} reset -q --hard {base}; }}")

@@ -118,8 +118,10 @@ def test_diff_and_reset(sandbox):
     patch = sandbox.diff()
     assert "-b\n+B" in patch and "new.py" in patch and "__pycache__" not in patch
     sandbox.run("echo build > .git/info/exclude && mkdir -p build && echo out > build/lib.so")
+    sandbox.run("touch -d '2001-01-01 00:00:00 UTC' pkg/m.py")
     sandbox.reset()
     assert sandbox.diff() == ""
+    assert sandbox.run("stat -c %Y pkg/m.py").output.strip() == "978307200"  # kept: its bytecode stays valid
     assert sandbox.read_file("f.txt") == b"a\nb\n"
     assert sandbox.run("test -e new.py").exit_code == 1
     assert sandbox.read_file("build/lib.so") == b"out\n"  # ignored build outputs stay

@@ -85,6 +85,21 @@ def test_history_does_not_reveal_the_fix(toolz_task):
         assert sb.run("whoami").output.strip() == "agent"
 
 
+def test_the_tree_is_compiled_but_not_the_files_the_bug_touches(toolz_task):
+    from pathlib import PurePosixPath
+
+    from unidiff import PatchSet
+
+    from pipeline.tasks.environment import task_sandbox
+
+    with task_sandbox(toolz_task) as sb:
+        compiled = sb.run("find . -path ./.git -prune -o -name '*.pyc' -print").output.split()
+    assert any("-pytest-" in p for p in compiled)  # pytest's rewritten test modules
+    assert any(p.startswith("./toolz/__pycache__/") and "-pytest-" not in p for p in compiled)
+    for path in (PurePosixPath(f.path) for f in PatchSet(toolz_task.setup_patch)):
+        assert not [p for p in compiled if p.startswith(f"./{path.parent}/__pycache__/{path.stem}.")], path
+
+
 def test_task_parquet_round_trip(synth_run, tmp_path):
     import polars as pl
 

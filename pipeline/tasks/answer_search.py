@@ -8,7 +8,8 @@ and .pyc of the container the agent gets. Matches that do not count, and why:
   legitimately holds twice;
 - the grader's root-only folder (`sandbox.private`, where `prepare` keeps the ignored files, bytecode and
   egg-info included, that the grader restores): it could hold the original only if ignored copies of it
-  (bytecode) were in the work tree when `prepare` ran, which `prepare` rules out by deleting them first; it is
+  (bytecode) were in the work tree when `prepare` ran, which `prepare` rules out by deleting the bytecode
+  of every file the bug touches first; it is
   skipped in the root pass only when the agent's pass could read no file in it: a folder the agent can read
   is searched like any other.
 """

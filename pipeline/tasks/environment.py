@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Mapping
+
+from unidiff import PatchSet
 
 from pipeline.records import Task
 from sandbox.base import Sandbox, SandboxError
@@ -21,8 +24,6 @@ GIT_ENV = ("GIT_AUTHOR_NAME=developer GIT_AUTHOR_EMAIL=developer@localhost "
            "GIT_AUTHOR_DATE=2000-01-01T00:00:00+0000 GIT_COMMITTER_NAME=developer "
            "GIT_COMMITTER_EMAIL=developer@localhost GIT_COMMITTER_DATE=2000-01-01T00:00:00+0000")
 IGNORED = "*.egg-info/\n__pycache__/\n*.pyc\n.pytest_cache/\n"
-# Bytecode compiled before the bug was applied is the original's: never left where the agent looks.
-NO_BYTECODE = "find . -name .git -prune -o \\( -name __pycache__ -o -name '*.py[co]' \\) -prune -exec rm -rf {} +"
 # Everything git keeps besides the task's commit and its history: other branches and tags (a later release
 # holds the fix), stashes, reflogs, ORIG_HEAD and the like, and objects no ref reaches (a dangling commit).
 GIT_CLEANUP = (
@@ -47,6 +48,16 @@ def prepare(sandbox: Sandbox, task: Task) -> str:
     return head
 
 
+def no_bytecode(setup_patch: str) -> str:
+    """Shell removing the bytecode of the files a setup patch touches: compiled before the bug was applied
+    (the environment image compiles its tree), it is the original code. The rest of the tree's bytecode
+    is of files the agent reads as they are, and spares every run of the tests compiling them."""
+    sources = [Path(f.path) for f in PatchSet(setup_patch) if f.path.endswith(".py")]
+    compiled = [f"{shlex.quote(str(p.parent / '__pycache__' / p.stem))}.*.pyc {shlex.quote(str(p) + 'c')}"
+                for p in sources]
+    return f"rm -f -- {' '.join(compiled)}" if compiled else "true"
+
+
 def pristine(sandbox: Sandbox) -> str:
     """Root's copy of what `prepare` left that git does not track: ignored files and .git/config."""
     return f"{sandbox.private}/pristine"
@@ -61,7 +72,7 @@ def _commit(sandbox: Sandbox, task: Task) -> str:
     sandbox.write_file(f"{scratch}/setup.patch", task.setup_patch)
     script = (
         f"cd {shlex.quote(sandbox.workdir)} && git apply --whitespace=nowarn {scratch}/setup.patch && rm -f {scratch}/setup.patch"
-        f" && {NO_BYTECODE} && rm -rf .git && git init -q && printf '{IGNORED}' >> .git/info/exclude"
+        f" && {no_bytecode(task.setup_patch)} && rm -rf .git && git init -q && printf '{IGNORED}' >> .git/info/exclude"
         f" && git add -A && env {GIT_ENV} git commit -q -m 'Initial commit' && git rev-parse HEAD"
     )
     result = sandbox.run(script, timeout=120)

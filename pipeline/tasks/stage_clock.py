@@ -20,7 +20,6 @@ STAGES = {
     "image": "environment image built or found, source fetched and unpacked",
     "candidates": "bug candidates generated from the source (and the teacher's rewrites)",
     "sandbox_start": "containers started for synthesis (and stopped: `sandbox_close`)",
-    "prime": "the tree compiled once per sandbox (bytecode and pytest's rewritten test modules)",
     "collect": "test collection, to settle how the suite runs reliably",
     "baseline": "the pristine suite's runs",
     "bug_runs": "suite runs with a candidate bug in place",

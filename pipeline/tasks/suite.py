@@ -47,16 +47,6 @@ def _logged_run(sandbox: DockerSandbox, command: str, log_name: str, timeout: fl
     return sandbox.read_file(log_file).decode("utf-8", errors="replace"), result.timed_out
 
 
-def prime_bytecode(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> None:
-    """Compile the tree once so runs skip it: the source as hash-checked bytecode (a bug or a restored file is
-    told apart by its contents, never by a clock), then one collection with bytecode on, which keeps pytest's
-    assertion-rewritten test modules (tests never change in a synthesis sandbox). Runs keep the image's
-    PYTHONDONTWRITEBYTECODE, so a bug's bytecode is never written."""
-    collect = "" if spec.test_command else f" && PYTHONDONTWRITEBYTECODE= {test_command(spec)} --collect-only -q"
-    sandbox.run(f"cd {sandbox.workdir} && (python -m compileall -q -f -j 0 --invalidation-mode checked-hash . "
-                f">/dev/null 2>&1; true){collect} >/dev/null 2>&1; true", timeout=timeout)
-
-
 def reproduce(sandbox: DockerSandbox, spec: PackageSpec) -> str:
     """The command that reruns this package's suite by hand."""
     return f"docker run --rm {getattr(sandbox, 'image', '<image>')} bash -c {shlex.quote(test_command(spec))}"

@@ -6,10 +6,10 @@ sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still p
 PASS_TO_PASS; the same failures on every one of `validation_runs` runs, the last of them the
 verifier's grade of the empty patch, and the gold patch resolving on every run); every stage counted
 and timed (pipeline/tasks/stage_clock.py), every package that yields nothing says why. Sandboxes run
-the suite from bytecode compiled once (suite.prime_bytecode); the weak-test probe runs the files of
-the FAIL_TO_PASS tests. Besides AST
-mutations: rewrites by the teacher LLM (`rewrite`) and bugs of one module combined (`combine`); every kept
-task carries a difficulty record in its provenance, summarised in the report.
+the suite from the bytecode the environment image holds (packages.compile_tree); the weak-test probe
+runs the files of the FAIL_TO_PASS tests. Besides AST mutations: rewrites by the teacher LLM (`rewrite`)
+and bugs of one module combined (`combine`); every kept task carries a difficulty record in its
+provenance, summarised in the report.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pipeline.tasks.bug_runs import try_candidate
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
 from pipeline.tasks.synth_config import SynthConfig, SynthReport
-from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, prime_bytecode, runnable
+from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, runnable
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 
@@ -86,9 +86,6 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
     with report.clock.stage("sandbox_start", config.workers):
         sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
     try:
-        with report.clock.stage("prime", len(sandboxes)):
-            for sandbox in sandboxes:
-                prime_bytecode(sandbox, spec, config.suite_timeout)
         with report.clock.stage("collect"):
             spec = runnable(sandboxes[0], spec, config)
         with report.clock.stage("baseline", config.baseline_runs):

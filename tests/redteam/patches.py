@@ -50,7 +50,8 @@ def name_binary_sections(patch: str) -> str:
         first = section.split("\n", 1)[0]
         path = first.split(" b/", 1)[1]
         if "GIT binary patch" in section and "\n+++ " not in section:
-            section = section.replace("GIT binary patch\n", f"--- /dev/null\n+++ b/{path}\nGIT binary patch\n", 1)
+            before = "/dev/null" if "\nnew file mode " in section else f"a/{path}"
+            section = section.replace("GIT binary patch\n", f"--- {before}\n+++ b/{path}\nGIT binary patch\n", 1)
         out.append("diff --git " + section)
     return "".join(out)
 

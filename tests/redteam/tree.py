@@ -29,9 +29,16 @@ def tree_patch(sb: Sandbox, files: dict[str, str | bytes] | None = None, command
         run(sb, commands)
     if force:
         paths = " ".join(shlex.quote(p) for p in force)
-        patch = run(sb, f"idx=$(mktemp) && cp .git/index $idx && GIT_INDEX_FILE=$idx {GIT} add -A . && "
-                        f"GIT_INDEX_FILE=$idx {GIT} add -f -- {paths} && "
-                        f"GIT_INDEX_FILE=$idx {GIT} diff --cached --binary {sb.base_commit}; rm -f $idx")
+        # against the base tree plus the forced paths as the snapshot has them (the image's bytecode): a
+        # file the tree already holds is changed by the patch, as it would have to be in every container
+        patch = run(sb, f"idx=$(mktemp -u) && GIT_INDEX_FILE=$idx {GIT} read-tree {sb.base_commit} && "
+                        f"before=$(mktemp -d) && tar -xf {sb.scratch}/ignored.tar -C $before && "
+                        f"for f in {paths}; do if [ -e \"$before/$f\" ]; then "
+                        f"blob=$({GIT} hash-object -w \"$before/$f\") && "
+                        f"GIT_INDEX_FILE=$idx {GIT} update-index --add --cacheinfo 100644,$blob,\"$f\"; fi; done && "
+                        f"pre=$(GIT_INDEX_FILE=$idx {GIT} write-tree) && rm -rf $before && "
+                        f"GIT_INDEX_FILE=$idx {GIT} add -A . && GIT_INDEX_FILE=$idx {GIT} add -f -- {paths} && "
+                        f"GIT_INDEX_FILE=$idx {GIT} diff --cached --binary $pre; rm -f $idx")
     else:
         patch = sb.diff()
     scrub(sb)
@@ -46,16 +53,17 @@ def with_gold(sb: Sandbox, task: Task) -> list[str]:
 
 
 def snapshot(sb: Sandbox) -> None:
-    """Record what a clean tree holds besides git's files: ignored files, .git/config."""
+    """Record what a clean tree holds besides git's files: ignored files (names and contents), .git/config."""
     run(sb, f"cp .git/config {sb.scratch}/git-config && {GIT} ls-files -z -o -i --exclude-standard "
-            f"| sort -z > {sb.scratch}/ignored")
+            f"| sort -z > {sb.scratch}/ignored && tar -cf {sb.scratch}/ignored.tar --null -T {sb.scratch}/ignored")
 
 
 def scrub(sb: Sandbox) -> None:
-    """Back to the snapshot: sandbox.reset(), then new ignored files, hooks and git config undone."""
+    """Back to the snapshot: sandbox.reset(), then new ignored files, changed ones (bytecode), hooks and git
+    config undone."""
     sb.reset()
     run(sb, f"{GIT} ls-files -z -o -i --exclude-standard | sort -z | comm -z -23 - {sb.scratch}/ignored "
-            f"| xargs -0r rm -f -- && cp {sb.scratch}/git-config .git/config && "
+            f"| xargs -0r rm -f -- && tar -xf {sb.scratch}/ignored.tar && cp {sb.scratch}/git-config .git/config && "
             "find .git/hooks -type f ! -name '*.sample' -delete && "
             f"test -z \"$({GIT} status --porcelain)\" && "
             f"{GIT} ls-files -z -o -i --exclude-standard | sort -z | cmp -s - {sb.scratch}/ignored")
