@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from pipeline.grading import grade
 from pipeline.records import Task
 from pipeline.store import read_rows
+from pipeline.verifier.grading import grade
 out = {}
 for row in read_rows(sys.argv[2]):
     task, times = Task.from_row(row), []

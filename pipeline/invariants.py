@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 from pipeline.agent.tools import execute
-from pipeline.grading import Grade, grade
 from pipeline.records import GuidancePlan, Task, Trajectory
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.grading import Grade, grade
 
 # pytest's closing line: "==== 3 passed, 1 skipped in 0.40s ====" or, under -q, "1 failed in 0.10s"
 SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s\b", re.M)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import ContextManager, Hashable, Iterator
 
 from pipeline.records import Task
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 

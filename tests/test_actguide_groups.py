@@ -15,7 +15,7 @@ from pipeline.agent.policy import AssistantTurn, Usage
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
 from pipeline.guidance.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.tasks.environment import LocalTaskSandboxes
+from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_batch_local import BUG, FIX, calc_task, make_repo
 from training.actguide import group_advantages, training_group
 

@@ -13,7 +13,7 @@ from pipeline.agent.policy import AssistantTurn, Usage
 from pipeline.guidance.rescue import GuidanceConfig, action_plans, probe_batch, probe_job
 from pipeline.records import Action, Guidance, GuidancePlan, Task
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.tasks.environment import LocalTaskSandboxes
+from pipeline.verifier.environment import LocalTaskSandboxes
 
 BUG, FIX = "return a - b  # bug", "return a + b"
 GOLD = """diff --git a/calc.py b/calc.py

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.guard import numstat_paths, protected_reason, suspicious_flags, top_module
-from pipeline.junit import dotted, junit_disagreements
 from pipeline.records import Task
+from pipeline.verifier.guard import numstat_paths, protected_reason, suspicious_flags, top_module
+from pipeline.verifier.junit import dotted, junit_disagreements
 
 TASK = Task("t", "r", "base", "", "", "issue", ("a",), ("b",), "img", "/testbed", "pytest -rA", "parse_log_pytest",
             "synth", test_files=("pkg/tests",))

@@ -20,7 +20,7 @@ from pipeline.guidance.references import (guidance_references, hint_leaks_gold, 
                                           without_references)
 from pipeline.records import Guidance
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.tasks.environment import LocalTaskSandboxes
+from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_batch_local import GOLD, PLAN, HintFollower, calc_task, make_repo
 
 HINT = "Guidance (plan):\n1. Where to look: `calc.py`, in `add`, around line 2."

@@ -20,9 +20,9 @@ import pytest
 from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec as SwebenchSpec
 
-from pipeline.grading import Grade, grade, grade_in
 from pipeline.records import Task
-from pipeline.tasks.environment import task_sandbox
+from pipeline.verifier.environment import task_sandbox
+from pipeline.verifier.grading import Grade, grade, grade_in
 from tests.redteam import patches as p
 from tests.redteam import tree
 

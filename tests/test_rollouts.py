@@ -14,15 +14,15 @@ import docker
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
 from pipeline.agent.heuristic import HeuristicPolicy
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
-from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
-from pipeline.grading import grade
 from pipeline.guidance.expert import expert_actions
 from pipeline.guidance.rescue import failed_groups
 from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, schema_version
 from pipeline.rollouts import RolloutConfig, plan_jobs, read_batch, run_batch
+from pipeline.verifier.grading import grade
 from sandbox.images import LABEL
 from tests.loopback import AnthropicServer, OpenAIServer, Reply, ToolCall
 
@@ -69,11 +69,11 @@ def test_killed_batch_resumes_without_duplicates(synth_run, docker_client, tmp_p
     tasks = synth_run[0][:2]
     script = """
 import sys
-from pipeline.store import read_rows
-from pipeline.records import Task
 from pipeline.agent.heuristic import HeuristicPolicy
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.agent.loop import AgentConfig
+from pipeline.records import Task
+from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.store import read_rows
 tasks = [Task.from_row(r) for r in read_rows(sys.argv[1])]
 config = RolloutConfig(attempts=3, workers=1, agent=AgentConfig(max_steps=30))
 run_batch(plan_jobs(tasks, HeuristicPolicy(), config, 'k'), HeuristicPolicy(), config, sys.argv[2], 'k')

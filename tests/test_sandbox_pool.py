@@ -11,7 +11,7 @@ import pytest
 from pipeline.records import Task
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.sandbox_pool import PoolConfig, SandboxPool
-from pipeline.tasks.environment import task_sandbox
+from pipeline.verifier.environment import task_sandbox
 from sandbox.base import CommandResult
 from tests.test_batch_local import HintFollower, calc_task, sandboxes  # noqa: F401 (a fixture)
 

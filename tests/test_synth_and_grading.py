@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from pipeline.grading import grade
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks.stage_clock import STAGES, StageClock
 from pipeline.tasks.synth import synthesize
+from pipeline.verifier.grading import grade
 
 from tests.conftest import TOOLZ
 
@@ -73,7 +73,7 @@ def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
 
 
 def test_history_does_not_reveal_the_fix(toolz_task):
-    from pipeline.tasks.environment import task_sandbox
+    from pipeline.verifier.environment import task_sandbox
 
     with task_sandbox(toolz_task) as sb:
         fixed = [l[1:] for l in toolz_task.patch.splitlines() if l.startswith("+") and not l.startswith("+++")]
@@ -90,7 +90,7 @@ def test_the_tree_is_compiled_but_not_the_files_the_bug_touches(toolz_task):
 
     from unidiff import PatchSet
 
-    from pipeline.tasks.environment import task_sandbox
+    from pipeline.verifier.environment import task_sandbox
 
     with task_sandbox(toolz_task) as sb:
         compiled = sb.run("find . -path ./.git -prune -o -name '*.pyc' -print").output.split()

@@ -21,7 +21,7 @@ from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, f
 # Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.environment import SandboxFactory, task_sandbox
 
 log = logging.getLogger(__name__)
 

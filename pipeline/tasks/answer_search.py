@@ -28,7 +28,7 @@ from unidiff import PatchSet
 
 from pipeline.records import Task
 from pipeline.tasks.copies import copy_by_name
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError
 
 PROBE = Path(__file__).with_name("answer_probe.py")

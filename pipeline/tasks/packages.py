@@ -312,7 +312,7 @@ def compile_tree(spec: PackageSpec) -> str:
     (an edited file is told apart by its contents, never by a clock) and, with one collection, pytest's
     assertion-rewritten test modules. Sandboxes keep PYTHONDONTWRITEBYTECODE, so an edit's bytecode is
     never written; a task's sandbox removes the bytecode of the files its bug touches
-    (pipeline/tasks/environment.py)."""
+    (pipeline/verifier/environment.py)."""
     collect = "" if spec.test_command else f"; PYTHONDONTWRITEBYTECODE= {test_command(spec)} --collect-only -q"
     return f"{{ python -m compileall -q -j 0 --invalidation-mode checked-hash .{collect}; }} >/dev/null 2>&1; true"
 

@@ -26,7 +26,6 @@ from pathlib import Path
 import docker
 
 from pipeline.agent.policy import Policy
-from pipeline.grading import GRADER_VERSION
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.tasks import combine as combined
@@ -34,13 +33,14 @@ from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.difficulty import difficulty, task_difficulty
 from pipeline.tasks.issue_writer import written_statement
 from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
+from pipeline.verifier.grading import GRADER_VERSION
 from pipeline.tasks.packages import (WORKDIR, PackageError, PackageSpec, build_environment_image,
                                      fetch_source, package_specs, resolve, test_command)
 from pipeline.tasks.bug_runs import try_candidate
 from pipeline.tasks.rewrite import rewrite_candidates
 from pipeline.tasks.statements import failure_messages_from_log
-from pipeline.tasks.synth_config import SynthConfig, SynthReport
 from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, runnable
+from pipeline.tasks.synth_config import SynthConfig, SynthReport
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 

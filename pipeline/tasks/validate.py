@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docker.errors
 
-from pipeline.grading import Grade, grade_in
 from pipeline.records import RejectedTask, Task
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
 from pipeline.tasks.stage_clock import StageClock
+from pipeline.verifier.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.grading import Grade, grade_in
 from sandbox.base import Sandbox, SandboxError
 
 

@@ -11,11 +11,11 @@ In a fresh sandbox from the task's image, as root and out of the sandbox user's 
    root, and every process the tests left is killed before anything is read back;
 4. swebench grades a log built from that output, between markers the tests cannot forge, with
    the real exit code; the JUnit report must agree with every test counted as passing;
-5. a plugin of the grader's (pipeline/pytest_guard.py) signs each test's real outcome, taken before any
+5. a plugin of the grader's (pipeline/verifier/pytest_guard.py) signs each test's real outcome, taken before any
    report is made, with a key the code under test never sees; it too must agree;
 6. static flags on what the patch adds (pytest internals, exit hooks, forged verdicts) are
    recorded and, by default, void the reward.
-Steps 1-3 are two privileged round trips into the sandbox; their shell is in pipeline/grade_steps.py.
+Steps 1-3 are two privileged round trips into the sandbox; their shell is in pipeline/verifier/steps.py.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_
 from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec
 
-from pipeline.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
-from pipeline.junit import guard_disagreements, junit_disagreements
 from pipeline.records import Task
-from pipeline.grade_steps import GUARD, apply_script, guard_dir, list_script, test_script
-from pipeline.tasks.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.environment import SandboxFactory, task_sandbox
+from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
+from pipeline.verifier.junit import guard_disagreements, junit_disagreements
+from pipeline.verifier.steps import GUARD, apply_script, guard_dir, list_script, test_script
 from sandbox.base import Sandbox, SandboxError
 from sandbox.docker_sandbox import DockerSandboxConfig
 from sandbox.privileged import exchange

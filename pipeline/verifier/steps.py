@@ -13,14 +13,14 @@ import secrets
 import shlex
 
 from pipeline.records import Task
-from pipeline.tasks.environment import pristine
+from pipeline.verifier.environment import pristine
 from sandbox.base import Sandbox
 from sandbox.worktree import checkout_command
 
 CONDA = "/opt/miniconda3/bin/activate"  # SWE-bench images keep the repo's environment there
 LOG_CAP = 50_000_000  # bytes of test output kept
 GIT = "git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=off"
-GUARD = "handhold_guard"  # the pytest plugin (pipeline/pytest_guard.py) that signs each test's real outcome
+GUARD = "handhold_guard"  # the pytest plugin (pipeline/verifier/pytest_guard.py) that signs each test's real outcome
 # Descriptors the test run inherits: a pipe holding the guard's key (drained when the plugin loads, so no
 # process that still holds it can read the key again), and the guard's record file.
 GUARD_FDS = "7 8"
