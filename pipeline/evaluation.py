@@ -28,7 +28,8 @@ from pipeline.agent.identity import WEIGHT_SUFFIXES, weights_revision
 from pipeline.agent.policy import Policy
 from pipeline.datasets.splits import split_group, task_split
 from pipeline.records import Task, Trajectory
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch, task_sandbox
+from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.verifier.environment import task_sandbox
 from training.config import EvaluationConfig
 
 Z95 = 1.959964

@@ -27,7 +27,6 @@ import pyarrow as pa
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy
 from pipeline.guidance.references import quotes_guidance
-# Guidance, read_batch and compact live in records and store; they stay importable from here.
 from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows

@@ -14,7 +14,8 @@ from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_p
 from pipeline.guidance.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
     recovery, teacher_plans
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
-from pipeline.rollouts import RolloutConfig, plan_jobs, read_batch, run_batch
+from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.store import read_batch
 from tests.loopback import AnthropicServer, OpenAIServer, Reply
 
 
@@ -160,7 +161,7 @@ def test_guidance_recovers_failed_groups(synth_run, tmp_path):
 
 
 def test_quoting_the_guidance_is_flagged():
-    from pipeline.rollouts import quotes_guidance
+    from pipeline.guidance.references import quotes_guidance
 
     hint = "Guidance (plan):\n1. Where to look: `toolz/itertoolz.py`, in `merge_sorted`, around line 125."
     quoting = [{"role": "assistant", "content": "As the hint says: where to look: toolz/itertoolz.py, in merge_sorted, around line 125"}]

@@ -21,7 +21,8 @@ from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.expert import expert_actions
 from pipeline.guidance.rescue import failed_groups
 from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, schema_version
-from pipeline.rollouts import RolloutConfig, plan_jobs, read_batch, run_batch
+from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.store import read_batch
 from pipeline.verifier.grading import grade
 from sandbox.images import LABEL
 from tests.loopback import AnthropicServer, OpenAIServer, Reply, ToolCall

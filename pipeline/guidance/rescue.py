@@ -19,7 +19,7 @@ from pipeline.guidance.actions import action_hint, linear_prefix, load_action_fi
 from pipeline.guidance.references import hint_leaks_gold
 from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, flag_leaks
 # Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, Guidance, GuidancePlan, Task, Trajectory
+from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 
@@ -63,10 +63,6 @@ class GuidanceConfig:
         unknown = set(self.kinds) - set(ALL_KINDS)
         if unknown:
             raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(ALL_KINDS)}")
-
-
-# guidance.parquet's schema under its old name; pipeline.records.GUIDANCE_SCHEMA is the Guidance record's.
-GUIDANCE_SCHEMA = GUIDANCE_PLAN_SCHEMA
 
 
 def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, list[Trajectory]]:
