@@ -8,11 +8,11 @@ import dagster as dg
 
 from assets.checks import ANSWER_CHECK, TASK_CHECK, answer_check, task_check
 from assets.resources import Credentials, HandholdSettings
-from pipeline.guidance.rescue import teacher_client
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
+from pipeline.rescue import teacher_client
 from pipeline.store import read_records, write_rows
-from pipeline.tasks.packages import PackageError, build_environment_image, fetch_source, package_specs
 from pipeline.tasks.decontam import decontaminate
+from pipeline.tasks.packages import PackageError, build_environment_image, fetch_source, package_specs
 from pipeline.tasks.swebench_rows import load_tasks
 from pipeline.tasks.synth import synthesize
 from pipeline.tasks.validate import check_tasks

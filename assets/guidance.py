@@ -6,10 +6,10 @@ from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
 from assets.rollouts import stored_tasks
-from pipeline.guidance.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
-    make_teacher, recovery, teacher_plans
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Trajectory
 from pipeline.invariants import batch_invariants, reference_checks
+from pipeline.records import GUIDANCE_PLAN_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Trajectory
+from pipeline.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
+    make_teacher, recovery, teacher_plans
 from pipeline.rollouts import run_batch
 from pipeline.store import read_batch, read_records, write_rows
 

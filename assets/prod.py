@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-from assets.definitions import definitions, missing_prod_env
+from assets.definitions import definitions
+from assets.graph import missing_prod_env
 
 _missing = missing_prod_env(dict(os.environ))
 if _missing:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dagster as dg
 from dagster_celery import celery_executor
 
+from assets.graph import all_assets, resources
 from assets.guidance import guidance, guided_rollouts
 from assets.rollouts import unguided_rollouts
 
@@ -58,7 +59,5 @@ rollouts_celery = dg.define_asset_job(
 
 def rollouts_celery_job() -> dg.JobDefinition:
     """The job bound to the local deployment's assets and resources, for `dg.reconstructable`."""
-    from assets.definitions import all_assets, resources  # here: definitions may import this module
-
     return dg.Definitions(assets=all_assets, jobs=[rollouts_celery],
                           resources=resources("local")).resolve_job_def(JOB)

@@ -145,7 +145,8 @@ def stream_build(data: Path, out: Path, gold: dict[str, str]) -> None:
 
 def whole_build(data: Path, out: Path, gold: dict[str, str]) -> None:
     """Each batch read whole and built at once (no runs, no streaming), written as the build writes."""
-    from pipeline.datasets.build import KINDS, SEEN_KEYS, DatasetConfig, build_rows, rows_table
+    from pipeline.datasets.build import KINDS, SEEN_KEYS, build_rows, rows_table
+    from pipeline.datasets.config import DatasetConfig
     from pipeline.datasets.files import batch_names, read_trajectories, trajectory_files, write_rows_table
 
     config, seen = DatasetConfig(), {}

@@ -18,9 +18,9 @@ import yaml
 from pipeline.agent.factory import PolicySpec
 from pipeline.config_tree import (SettingsError, default_of, field_docs, field_types, from_mapping,  # noqa: F401
                                   json_copy, to_mapping)
-from pipeline.datasets.build import DatasetConfig
+from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.publish import PublishConfig
-from pipeline.guidance.rescue import GuidanceConfig
+from pipeline.rescue import GuidanceConfig
 from pipeline.rollouts import RolloutConfig
 from pipeline.tasks.synth import SynthConfig
 from sandbox.images import BaseImageConfig

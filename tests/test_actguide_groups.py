@@ -13,7 +13,7 @@ from pipeline.agent.heuristic import action_hint
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, Usage
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
-from pipeline.guidance.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs
+from pipeline.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_batch_local import BUG, FIX, calc_task, make_repo

@@ -26,7 +26,7 @@ import redis
 import yaml
 
 from assets.checks import ROLLOUT_CHECKS
-from assets.definitions import all_assets
+from assets.graph import all_assets
 from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
 from assets.scaling import JOB, ROLLOUT_ASSETS, celery_config, rollouts_celery_job, worker_yaml

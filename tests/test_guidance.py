@@ -11,9 +11,9 @@ from pipeline.agent.heuristic import HeuristicPolicy
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_prefix, search_steps_bound
-from pipeline.guidance.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
-    recovery, teacher_plans
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
+from pipeline.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
+    recovery, teacher_plans
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.store import read_batch
 from tests.loopback import AnthropicServer, OpenAIServer, Reply

@@ -10,7 +10,7 @@ import polars as pl
 
 from assets.checks import ROLLOUT_CHECKS
 from assets.datasets import dataset_checks
-from assets.definitions import all_assets
+from assets.graph import all_assets
 from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
 from pipeline.cli import run_config

@@ -10,7 +10,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets.definitions import PROD_ENV, definitions
+from assets.definitions import definitions
+from assets.graph import PROD_ENV
 from assets.resources import Credentials, HandholdSettings, make_policy, plain
 from pipeline.settings import (HandholdConfig, SettingsError, default_of, documented_yaml, field_docs, field_types,
                                load_config, to_mapping)

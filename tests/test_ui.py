@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from websockets.sync.client import connect
 
-from assets.definitions import all_assets
+from assets.graph import all_assets
 from pipeline.cli import ensure_dagster_home
 
 REPO = Path(__file__).resolve().parent.parent

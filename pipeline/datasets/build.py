@@ -19,7 +19,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Literal, Mapping, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -28,6 +28,7 @@ from pipeline.datasets.files import (BadTrajectoryFile, SkippedFile, TaskRuns, a
                                      read_trajectories, rows_writer, trajectory_files)
 from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, PROBE_SUFFIX, SFT_SCHEMA, actguide_rows, candidates,
                                      dpo_rows, prepare, sft_rows)
+from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.guided import guided_checks
 from pipeline.datasets.splits import Counter, token_counter
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
@@ -38,48 +39,6 @@ SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["in
 MANIFEST = "manifest.json"
 T = TypeVar("T")
 CHUNK = 2000  # trajectories built at once (two runs are in memory: one built, the next read): flat memory
-
-
-@dataclass(frozen=True)
-class DatasetConfig:
-    """How graded trajectories become DPO pairs, ActGuide groups and SFT examples."""
-
-    pairs_per_task: int = 4
-    """Most DPO pairs per task and batch."""
-    rejected: Literal["all", "shortest", "random"] = "all"
-    """Which unguided failures pair: 'all' (each distinct one), the 'shortest' one, or one drawn at 'random' (seed)."""
-    chosen_sources: Literal["guided_and_unguided", "guided_only", "unguided_only"] = "guided_and_unguided"
-    """Which successes are chosen (and SFT rows): guided ones, their prompt without the guidance (Agent-RLVR),
-    unguided ones, or both."""
-    include_probes: bool = True
-    """Successful action-prefix probes count as guided successes (they are never ActGuide group members)."""
-    max_prompt_tokens: int = 8192
-    """Attempts whose unguided prompt counts more tokens are left out, and counted; 0: no limit."""
-    max_completion_tokens: int = 32768
-    """Attempts whose completion counts more tokens are left out, and counted; 0: no limit."""
-    tokenizer: str = ""
-    """Tokenizer (local path or Hub name) that counts tokens; '': ceil(characters / 4) + 4 per message,
-    reported as such."""
-    test_fraction: float = 0.1
-    """Share of tasks in the test split, by a hash of the instance id (stable across rebuilds)."""
-    seed: int = 0
-    """Seed of the 'random' rejected draw (the splits do not depend on it)."""
-    skip_bad_files: bool = False
-    """Build on without trajectory files that cannot be read (each reported with why) instead of stopping."""
-    guidance_references: Literal["drop", "rewrite"] = "drop"
-    """A guided success whose prose refers to its guidance ('Following the reference action.', a hint's own
-    term): 'drop' it from the chosen and SFT rows, or 'rewrite' that prose (tool calls untouched, recorded)."""
-    keep_ungrounded: bool = False
-    """Keep guided successes that edit a file no tool output had shown (they knew where from the hint alone)
-    as chosen and SFT rows; they are counted per guidance kind either way."""
-
-    def __post_init__(self) -> None:
-        if self.pairs_per_task < 1:
-            raise ValueError(f"DatasetConfig.pairs_per_task is {self.pairs_per_task}; it must be at least 1")
-        if not 0.0 <= self.test_fraction <= 1.0:
-            raise ValueError(f"DatasetConfig.test_fraction is {self.test_fraction}; it must lie in [0, 1]")
-        if self.max_prompt_tokens < 0 or self.max_completion_tokens < 0:
-            raise ValueError("DatasetConfig.max_prompt_tokens / max_completion_tokens must be >= 0 (0: no limit)")
 
 
 @dataclass

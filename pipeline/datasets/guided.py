@@ -16,7 +16,7 @@ import polars as pl
 from pipeline.guidance.references import guidance_references, hint_leaks_gold, ungrounded, without_references
 
 if TYPE_CHECKING:
-    from pipeline.datasets.build import DatasetConfig
+    from pipeline.datasets.config import DatasetConfig
 
 FLAGS = ("refers", "ungrounded", "hint_gold")
 REFERENCE_COUNT = {"drop": "references_dropped", "rewrite": "references_rewritten"}

@@ -21,7 +21,7 @@ from pipeline.datasets.splits import Counter, canonical, content_hashes, digest,
 from pipeline.records import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
 
 if TYPE_CHECKING:
-    from pipeline.datasets.build import DatasetConfig
+    from pipeline.datasets.config import DatasetConfig
 
 CALL_TYPE = pa.struct([pa.field("id", STR), pa.field("type", STR),
                        pa.field("function", pa.struct([pa.field("name", STR), pa.field("arguments", STR)]))])

@@ -16,7 +16,7 @@ from pipeline.tasks.packages import PackageError, PackageSpec, test_command
 from sandbox.docker_sandbox import DockerSandbox
 
 if TYPE_CHECKING:
-    from pipeline.tasks.synth import SynthConfig
+    from pipeline.tasks.synth_config import SynthConfig
 
 log = logging.getLogger(__name__)
 

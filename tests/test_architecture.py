@@ -1,0 +1,46 @@
+"""The import graph stays a drawing without circles (docs/architecture.md), and the verifier stays below
+everything that grades."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "import_graph.py"
+
+
+def import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_module_imports_itself_through_others():
+    g = import_graph()
+    edges = g.graph()
+    assert len(edges) > 100 and edges["pipeline.rollouts"] >= {"pipeline.verifier.grading", "pipeline.records"}
+    assert g.cycles(edges) == []
+
+
+def test_no_package_imports_itself_through_others():
+    g = import_graph()
+    packages: dict[str, set[str]] = {}
+    for a, b in g.package_edges(g.graph()):
+        packages.setdefault(a, set()).add(b)
+    assert packages["pipeline.rescue"] >= {"pipeline.rollouts", "pipeline.guidance"}
+    assert g.cycles(packages) == []
+
+
+def test_the_verifier_imports_only_records_and_the_sandbox():
+    edges = import_graph().graph()
+    verifier = {m: targets for m, targets in edges.items() if m.startswith("pipeline.verifier")}
+    assert "pipeline.verifier.grading" in verifier
+    outside = {t for targets in verifier.values() for t in targets
+               if not t.startswith(("pipeline.verifier", "sandbox.")) and t != "pipeline.records"}
+    assert outside == set()
+
+
+def test_a_cycle_is_found():
+    g = import_graph()
+    assert g.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
