@@ -10,11 +10,11 @@ from assets.checks import ANSWER_CHECK, TASK_CHECK, answer_check, task_check
 from assets.resources import Credentials, HandholdSettings
 from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
 from pipeline.rescue import teacher_client
+from pipeline.sources.swebench_rows import load_tasks
 from pipeline.store import read_records, write_rows
+from pipeline.synthesis.packages import PackageError, build_environment_image, fetch_source, package_specs
+from pipeline.synthesis.synth import synthesize
 from pipeline.tasks.decontam import decontaminate
-from pipeline.tasks.packages import PackageError, build_environment_image, fetch_source, package_specs
-from pipeline.tasks.swebench_rows import load_tasks
-from pipeline.tasks.synth import synthesize
 from pipeline.tasks.validate import check_tasks
 from sandbox.images import docker_client, ensure_base_image
 

@@ -39,8 +39,8 @@ print(json.dumps(out))
 def one_task_per_package(cache: Path) -> list:
     """A validated task of each built-in package (synthesized once; cached under `cache`)."""
     sys.path.insert(0, str(ROOT))
-    from pipeline.tasks.packages import DEFAULT_PACKAGES
-    from pipeline.tasks.synth import SynthConfig, synthesize
+    from pipeline.synthesis.packages import DEFAULT_PACKAGES
+    from pipeline.synthesis.synth import SynthConfig, synthesize
     from sandbox.images import docker_client, ensure_base_image
 
     client = docker_client()

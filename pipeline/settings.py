@@ -22,7 +22,7 @@ from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.publish import PublishConfig
 from pipeline.rescue import GuidanceConfig
 from pipeline.rollouts import RolloutConfig
-from pipeline.tasks.synth import SynthConfig
+from pipeline.synthesis.synth import SynthConfig
 from sandbox.images import BaseImageConfig
 from training.config import TrainingConfig
 

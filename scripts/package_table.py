@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from pipeline.settings import HandholdConfig, from_mapping, with_overrides
-from pipeline.tasks.synth import synthesize
+from pipeline.synthesis.synth import synthesize
 from sandbox.images import docker_client, ensure_base_image
 
 # Ten popular pure-Python packages whose sdists ship their tests (none of them a built-in).

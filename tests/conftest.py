@@ -11,8 +11,8 @@ import pytest
 from filelock import FileLock
 
 from pipeline.records import Task
-from pipeline.tasks.packages import DEFAULT_PACKAGES
-from pipeline.tasks.synth import SynthConfig, synthesize
+from pipeline.synthesis.packages import DEFAULT_PACKAGES
+from pipeline.synthesis.synth import SynthConfig, synthesize
 
 TOOLZ = DEFAULT_PACKAGES[0]  # the package CI synthesizes from: small, fast suite
 # The files that take minutes, longest first. Run first, none is left running alone at the end of a parallel

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from pipeline.records import Task
+from pipeline.synthesis.packages import PackageSpec
+from pipeline.synthesis.synth import SynthConfig, synthesize
 from pipeline.tasks.answer_search import originals, search_sandbox, windows
-from pipeline.tasks.packages import PackageSpec
-from pipeline.tasks.synth import SynthConfig, synthesize
 from pipeline.verifier.environment import task_sandbox
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.images import build_from_dockerfile

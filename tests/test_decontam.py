@@ -6,8 +6,8 @@ import logging
 import pytest
 
 from pipeline.records import Task
+from pipeline.sources.harness_specs import spec_repos
 from pipeline.tasks.decontam import benchmark_repos, decontaminate, overlapping_benchmarks, repo_key
-from pipeline.tasks.harness_specs import spec_repos
 
 VERIFIED = {
     "astropy/astropy", "django/django", "matplotlib/matplotlib", "mwaskom/seaborn", "pallets/flask", "psf/requests",
@@ -17,7 +17,7 @@ VERIFIED = {
 
 
 def synthesized(package: str) -> Task:
-    """A task shaped as pipeline.tasks.synth.make_task writes it: repo 'pypi/<package>'."""
+    """A task shaped as pipeline.synthesis.synth.make_task writes it: repo 'pypi/<package>'."""
     provenance = {"package": package, "version": "1.0", "kind": "invert_if", "candidate_id": "c0ffee"}
     return Task(instance_id=f"{package}__1.0__invert_if__c0ffee", repo=f"pypi/{package}", base_commit="",
                 patch="", test_patch="", problem_statement="x", FAIL_TO_PASS=("tests/test_a.py::test_a",),

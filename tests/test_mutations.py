@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tasks.mutations import (
+from pipeline.synthesis.mutations import (
     KINDS,
     BugCandidate,
     bug_patch,

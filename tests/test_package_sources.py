@@ -12,12 +12,12 @@ import pytest
 
 from pipeline.records import Task
 from pipeline.settings import HandholdConfig, SettingsError, from_mapping, load_config, to_mapping
-from pipeline.tasks.backend import editable_requirements, raised_pins
-from pipeline.tasks.discover import PYTEST, discover
-from pipeline.tasks.mutations import BugCandidate
-from pipeline.tasks.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
-from pipeline.tasks.packages import test_command as command_of
-from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
+from pipeline.synthesis.backend import editable_requirements, raised_pins
+from pipeline.synthesis.discover import PYTEST, discover
+from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
+from pipeline.synthesis.packages import test_command as command_of
+from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, try_candidate
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_task
 from pipeline.verifier.environment import LocalTaskSandboxes
 from sandbox.local_sandbox import LocalSandbox

@@ -17,11 +17,11 @@ from pipeline.datasets.export import CardInfo, export_dataset, split_by_task
 from pipeline.datasets.splits import combined_split_conflicts, split_column, split_group, split_groups, task_split
 from pipeline.evaluation import held_out_tasks
 from pipeline.records import TASK_SCHEMA, Task
-from pipeline.tasks.combine import combinations_to_try
-from pipeline.tasks.mutations import collect_candidates
-from pipeline.tasks.packages import PackageSpec
-from pipeline.tasks.suite import Baseline
-from pipeline.tasks.synth import SynthConfig, make_task
+from pipeline.synthesis.combine import combinations_to_try
+from pipeline.synthesis.mutations import collect_candidates
+from pipeline.synthesis.packages import PackageSpec
+from pipeline.synthesis.suite import Baseline
+from pipeline.synthesis.synth import SynthConfig, make_task
 from tests.test_datasets_build import traj
 
 SOURCE = '''def add(a, b):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tasks.mutations import generate_candidates, gold_patch
-from pipeline.tasks.statements import failure_messages_from_log, problem_statement
+from pipeline.synthesis.mutations import generate_candidates, gold_patch
+from pipeline.synthesis.statements import failure_messages_from_log, problem_statement
 
 LIBRARY = '''\
 def partition(n, seq):

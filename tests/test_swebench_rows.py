@@ -14,14 +14,14 @@ import pytest
 
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
-from pipeline.tasks.harness_specs import (
+from pipeline.sources.harness_specs import (
     eval_script_test_cmd,
     harness_test_cmd,
     spec_test_cmds,
     swe_gym_image,
     harness_directives,
 )
-from pipeline.tasks.swebench_rows import (
+from pipeline.sources.swebench_rows import (
     SweDatasetConfig,
     TaskRowError,
     load_tasks,
@@ -456,7 +456,7 @@ def test_unknown_repo_with_its_image_loads_with_a_warning(tmp_path, caplog):
                           "image_name": "ghcr.io/octo-org/widgets-env:12",
                           "FAIL_TO_PASS": '["tests/test_w.py::test_a"]', "PASS_TO_PASS": '["tests/test_v.py::test_b"]'}
     path = write_jsonl(tmp_path / "rows.jsonl", [row, json_rows("swe_gym_rows.json")[1]])
-    with caplog.at_level(logging.WARNING, logger="pipeline.tasks.swebench_rows"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.sources.swebench_rows"):
         (widgets, mypy), rejects = load_tasks(str(path))
     assert rejects == []
     assert (widgets.image, widgets.test_cmd) == (row["image_name"], "pytest -rA tests/test_w.py tests/test_v.py")

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
+from pipeline.synthesis.synth import synthesize
 from pipeline.tasks.stage_clock import STAGES, StageClock
-from pipeline.tasks.synth import synthesize
 from pipeline.verifier.grading import grade
 
 from tests.conftest import TOOLZ
@@ -119,7 +119,7 @@ def test_gold_resolves_and_empty_does_not(toolz_task):
 
 
 def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
-    from pipeline.tasks.mutations import file_diff
+    from pipeline.synthesis.mutations import file_diff
 
     test_file = toolz_task.FAIL_TO_PASS[0].split("::")[0]
     name = toolz_task.FAIL_TO_PASS[0].split("::")[1].split("[")[0]
@@ -136,7 +136,7 @@ def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
 
 
 def test_fake_passed_lines_do_not_pass(toolz_task, synth_run):
-    from pipeline.tasks.mutations import file_diff
+    from pipeline.synthesis.mutations import file_diff
 
     init = (synth_run[3] / "src" / TOOLZ.key / "toolz" / "__init__.py").read_text()
     body = ["import atexit", "@atexit.register", "def _fake():"]
@@ -171,8 +171,8 @@ def test_bad_packages_are_reported_in_rejects_parquet_and_the_good_one_still_yie
     import polars as pl
 
     from pipeline.records import REJECT_SCHEMA
-    from pipeline.tasks.packages import PackageSpec, parse_entry
-    from pipeline.tasks.synth import SynthConfig
+    from pipeline.synthesis.packages import PackageSpec, parse_entry
+    from pipeline.synthesis.synth import SynthConfig
 
     cache = synth_run[3]
     specs = (parse_entry("handhold-no-such-package-4c1d9e==1.0"), parse_entry("sortedcontainers==2.4.0"),
@@ -203,8 +203,8 @@ def test_a_malformed_pyproject_rejects_its_package_and_the_others_go_on(synth_ru
     import polars as pl
 
     from pipeline.records import REJECT_SCHEMA
-    from pipeline.tasks.packages import PackageSpec
-    from pipeline.tasks.synth import SynthConfig
+    from pipeline.synthesis.packages import PackageSpec
+    from pipeline.synthesis.synth import SynthConfig
 
     cache = synth_run[3]
     files = {"pyproject.toml": b"[build-system]\nrequires = [\"setuptools\"\n", "badtoml/__init__.py": b"",
@@ -228,7 +228,7 @@ def test_a_malformed_pyproject_rejects_its_package_and_the_others_go_on(synth_ru
 
 def test_statement_writer_llm_and_its_fallbacks(toolz_task):
     from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
-    from pipeline.tasks.issue_writer import written_statement
+    from pipeline.synthesis.issue_writer import written_statement
     from tests.loopback import OpenAIServer, Reply
 
     fix_line = next(l[1:] for l in toolz_task.patch.splitlines() if l.startswith("+") and not l.startswith("+++"))

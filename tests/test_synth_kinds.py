@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tasks.combine import combinations_to_try, combined_candidate, merged_source
-from pipeline.tasks.difficulty import difficulty, patch_size
-from pipeline.tasks.mutations import collect_candidates, functions, gold_patch
-from pipeline.tasks.rewrite import Target, rewritten_source
-from pipeline.tasks.synth import SynthConfig, SynthReport, synthesize
+from pipeline.synthesis.combine import combinations_to_try, combined_candidate, merged_source
+from pipeline.synthesis.difficulty import difficulty, patch_size
+from pipeline.synthesis.mutations import collect_candidates, functions, gold_patch
+from pipeline.synthesis.rewrite import Target, rewritten_source
+from pipeline.synthesis.synth import SynthConfig, SynthReport, synthesize
 
 from tests.conftest import TOOLZ
 

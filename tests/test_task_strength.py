@@ -1,4 +1,4 @@
-"""A bug is kept only when its FAIL_TO_PASS tests check the function's result (pipeline/tasks/strength.py),
+"""A bug is kept only when its FAIL_TO_PASS tests check the function's result (pipeline/synthesis/strength.py),
 run for real on this host in a local sandbox."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from pipeline.tasks.mutations import BugCandidate
-from pipeline.tasks.strength import stubbed
-from pipeline.tasks.strength import tests_ignore_result as ignores_result  # not a test
-from pipeline.tasks.synth import SynthConfig, SynthReport, baseline, try_candidate
+from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.strength import stubbed
+from pipeline.synthesis.strength import tests_ignore_result as ignores_result  # not a test
+from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, try_candidate
 from sandbox.local_sandbox import LocalSandbox
 from tests.test_package_sources import SPEC, tree  # the same `calc` package spec
 

@@ -5,8 +5,8 @@ followed by overrides: `attrs==25.3.0 test_paths=tests source_globs='src/attr/*.
 test_requirements='hypothesis pympler' test_command='python -m pytest -rA tests'` (lists are
 space-separated; quote with shell rules). The Python API also takes the mapping form
 `{"name": ..., "version": ..., "test_paths": [...], ...}`. What an entry leaves out is
-discovered from the unpacked sdist (pipeline/tasks/discover.py) and the build backend
-(pipeline/tasks/backend.py).
+discovered from the unpacked sdist (pipeline/synthesis/discover.py) and the build backend
+(pipeline/synthesis/backend.py).
 
 The image holds the pristine source at `/testbed` (no .git, no sdist, no wheel, no pip
 cache, no bytecode, no build tree: nothing `pipeline/tasks/copies.py` lists) installed in editable
@@ -34,9 +34,9 @@ from typing import Mapping
 
 import docker
 
-from pipeline.tasks.backend import BackendError, editable_requirements
+from pipeline.synthesis.backend import BackendError, editable_requirements
+from pipeline.synthesis.discover import PYTEST, discover
 from pipeline.tasks.copies import BUILD_OUTPUTS, hidden_copies
-from pipeline.tasks.discover import PYTEST, discover
 from sandbox.images import LABEL, SANDBOX_USER, build_from_dockerfile, image_exists
 
 log = logging.getLogger(__name__)

@@ -3,11 +3,11 @@ are known to repeat, and the weak-test probe; the file is always put back."""
 
 from __future__ import annotations
 
-from pipeline.tasks.mutations import BugCandidate
-from pipeline.tasks.packages import PackageSpec
-from pipeline.tasks.strength import tests_ignore_result
-from pipeline.tasks.suite import Baseline, run_suite
-from pipeline.tasks.synth_config import SynthConfig, SynthReport
+from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.packages import PackageSpec
+from pipeline.synthesis.strength import tests_ignore_result
+from pipeline.synthesis.suite import Baseline, run_suite
+from pipeline.synthesis.synth_config import SynthConfig, SynthReport
 from sandbox.docker_sandbox import DockerSandbox
 
 

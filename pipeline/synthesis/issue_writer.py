@@ -9,7 +9,7 @@ from string import Template
 
 from pipeline.agent.policy import Policy
 from pipeline.guidance.teacher import leaks_patch
-from pipeline.tasks.statements import problem_statement
+from pipeline.synthesis.statements import problem_statement
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def written_statement(writer: Policy | None, repo: str, failing_tests: list[str]
     fallback = problem_statement(repo, failing_tests, messages, seed=seed, patch=patch)
     if writer is None:
         return fallback
-    prompt = Template(files("pipeline.tasks").joinpath("prompts/issue.txt").read_text()).substitute(
+    prompt = Template(files("pipeline.synthesis").joinpath("prompts/issue.txt").read_text()).substitute(
         repo=repo, tests="\n".join(failing_tests),
         messages="\n".join(f"{t}: {m[:500]}" for t, m in messages.items() if t in failing_tests) or "(none)")
     try:

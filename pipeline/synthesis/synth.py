@@ -28,19 +28,19 @@ import docker
 from pipeline.agent.policy import Policy
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
-from pipeline.tasks import combine as combined
+from pipeline.synthesis import combine as combined
+from pipeline.synthesis.difficulty import difficulty, task_difficulty
+from pipeline.synthesis.issue_writer import written_statement
+from pipeline.synthesis.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.copies import hidden_copies
-from pipeline.tasks.difficulty import difficulty, task_difficulty
-from pipeline.tasks.issue_writer import written_statement
-from pipeline.tasks.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.verifier.grading import GRADER_VERSION
-from pipeline.tasks.packages import (WORKDIR, PackageError, PackageSpec, build_environment_image,
+from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, build_environment_image,
                                      fetch_source, package_specs, resolve, test_command)
-from pipeline.tasks.bug_runs import try_candidate
-from pipeline.tasks.rewrite import rewrite_candidates
-from pipeline.tasks.statements import failure_messages_from_log
-from pipeline.tasks.suite import LOG_PARSER, Baseline, baseline, runnable
-from pipeline.tasks.synth_config import SynthConfig, SynthReport
+from pipeline.synthesis.bug_runs import try_candidate
+from pipeline.synthesis.rewrite import rewrite_candidates
+from pipeline.synthesis.statements import failure_messages_from_log
+from pipeline.synthesis.suite import LOG_PARSER, Baseline, baseline, runnable
+from pipeline.synthesis.synth_config import SynthConfig, SynthReport
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
 from sandbox.docker_sandbox import DockerSandbox
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from string import Template
 
 from pipeline.agent.policy import Policy
-from pipeline.tasks.mutations import BugCandidate, _read_module, _round_robin, eligible, functions, source_files
-from pipeline.tasks.splice import FuncNode, normal_dump, source_lines, style_of
+from pipeline.synthesis.mutations import BugCandidate, _read_module, _round_robin, eligible, functions, source_files
+from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, style_of
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def function_text(target: Target) -> str:
 
 
 def rewrite_prompt(target: Target, repo: str) -> str:
-    template = Template(files("pipeline.tasks").joinpath("prompts/rewrite.txt").read_text())
+    template = Template(files("pipeline.synthesis").joinpath("prompts/rewrite.txt").read_text())
     return template.substitute(repo=repo, function=target.function, file=target.file, source=function_text(target))
 
 

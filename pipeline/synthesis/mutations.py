@@ -18,8 +18,8 @@ from itertools import zip_longest
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from pipeline.tasks.mutators import KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
-from pipeline.tasks.splice import FuncNode, normal_dump, source_lines, splice
+from pipeline.synthesis.mutators import KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
+from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, splice
 
 ALLOWED_DUNDERS = frozenset(
     {"__init__", "__call__", "__getitem__", "__setitem__", "__contains__", "__iter__", "__next__"}

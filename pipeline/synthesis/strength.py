@@ -13,9 +13,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from pipeline.tasks.mutations import functions
-from pipeline.tasks.packages import PackageSpec
-from pipeline.tasks.suite import run_suite
+from pipeline.synthesis.mutations import functions
+from pipeline.synthesis.packages import PackageSpec
+from pipeline.synthesis.suite import run_suite
 from sandbox.docker_sandbox import DockerSandbox
 
 

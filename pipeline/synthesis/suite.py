@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
-from pipeline.tasks.packages import PackageError, PackageSpec, test_command
+from pipeline.synthesis.packages import PackageError, PackageSpec, test_command
 from sandbox.docker_sandbox import DockerSandbox
 
 if TYPE_CHECKING:
-    from pipeline.tasks.synth_config import SynthConfig
+    from pipeline.synthesis.synth_config import SynthConfig
 
 log = logging.getLogger(__name__)
 

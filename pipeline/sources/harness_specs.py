@@ -4,7 +4,7 @@ The command is the spec's `test_cmd` for (repo, version) followed by the test di
 of the instance's test_patch, as swebench's `make_eval_script_list_py` builds it. swebench
 5 dropped MAP_REPO_VERSION_TO_SPECS (its rows carry their own `eval_script`, read first);
 for rows without one, `data/swebench_test_cmds.txt` holds the Python repos' test_cmd per
-version, generated from the swebench 4.1.0 wheel by `python -m pipeline.tasks.harness_specs
+version, generated from the swebench 4.1.0 wheel by `python -m pipeline.sources.harness_specs
 WHEEL` (the last release that ships the table; it cannot be installed beside swebench 5).
 """
 
@@ -53,7 +53,7 @@ def swe_gym_image(instance_id: str, namespace: str = SWE_GYM_NAMESPACE) -> str:
 @functools.cache
 def spec_test_cmds() -> dict[tuple[str, str], str]:
     """(repo, version) -> the harness's test_cmd, from the table shipped with the project."""
-    text = files("pipeline.tasks").joinpath(SPECS_FILE).read_text(encoding="utf-8")
+    text = files("pipeline.sources").joinpath(SPECS_FILE).read_text(encoding="utf-8")
     rows = (line.split("\t") for line in text.splitlines() if line and not line.startswith("#"))
     return {(repo, version): cmd for repo, version, cmd in rows}
 
@@ -135,7 +135,7 @@ def write_spec_table(wheel: Path, out: Path) -> int:
     rows = spec_table_from_wheel(wheel)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     header = [f"# generated from {SPECS_SOURCE} ({wheel.name}, sha256 {digest})",
-              "# by `python -m pipeline.tasks.harness_specs WHEEL`; do not edit by hand",
+              "# by `python -m pipeline.sources.harness_specs WHEEL`; do not edit by hand",
               "# repo<TAB>version<TAB>test_cmd"]
     out.write_text("\n".join(header + ["\t".join(row) for row in rows]) + "\n", encoding="utf-8")
     return len(rows)

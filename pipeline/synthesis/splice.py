@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.tasks.mutators import NodePath, Replacement, node_at
+from pipeline.synthesis.mutators import NodePath, Replacement, node_at
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef
 OP_TOKENS = {

@@ -11,8 +11,8 @@ import random
 from collections import defaultdict
 from itertools import combinations
 
-from pipeline.tasks.mutations import BugCandidate, _compiles
-from pipeline.tasks.splice import source_lines
+from pipeline.synthesis.mutations import BugCandidate, _compiles
+from pipeline.synthesis.splice import source_lines
 
 KIND = "combined"
 SIZES = (2, 3)

@@ -25,7 +25,7 @@ from unidiff.errors import UnidiffParseError
 
 from pipeline.records import RejectedTask, Task
 from pipeline.tasks import decontam
-from pipeline.tasks.harness_specs import (SWE_GYM_NAMESPACE, SWE_GYM_REPOS, eval_script_test_cmd,
+from pipeline.sources.harness_specs import (SWE_GYM_NAMESPACE, SWE_GYM_REPOS, eval_script_test_cmd,
                                           harness_test_cmd, repo_parsers, resolve_log_parser, spec_repos,
                                           swe_gym_image, swebench_image)
 

@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipeline.records import RejectedTask
-from pipeline.tasks.difficulty import summary
-from pipeline.tasks.packages import DEFAULT_PACKAGES, package_specs
+from pipeline.synthesis.difficulty import summary
+from pipeline.synthesis.packages import DEFAULT_PACKAGES, package_specs
 from pipeline.tasks.stage_clock import StageClock
 
 _COUNT_LOCK = threading.Lock()  # candidate workers count from several threads
@@ -52,7 +52,7 @@ class SynthConfig:
     """Most combined tasks per package: 2-3 kept bugs of one module (disjoint lines) merged, FAIL_TO_PASS their union; 0: none."""
     reject_weak_tests: bool = True
     """Drop a bug whose FAIL_TO_PASS tests all still pass with its function reduced to `return None`: they do not
-    check its result, so a fix that skips the function would be paid (`pipeline/tasks/strength.py`)."""
+    check its result, so a fix that skips the function would be paid (`pipeline/synthesis/strength.py`)."""
 
     def __post_init__(self):
         package_specs(self.packages)  # a malformed entry fails here, naming itself
