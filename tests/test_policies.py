@@ -102,9 +102,11 @@ def test_openai_connection_refused_is_retried_then_policy_error():
 
 def test_openai_bad_request_is_not_retried():
     server = OpenAIServer([Reply(status=400, error="context length exceeded")])
-    with server as base_url, pytest.raises(openai.BadRequestError):
+    with server as base_url, pytest.raises(PolicyError) as refused:
         openai_policy(base_url, max_retries=3).act(CHAT, [])
     assert len(server.requests) == 1
+    assert refused.value.status == 400 and refused.value.request_rejected  # the provider's error, translated
+    assert isinstance(refused.value.__cause__, openai.BadRequestError) and "context length exceeded" in str(refused.value)
 
 
 def test_openai_records_logprobs_when_requested():

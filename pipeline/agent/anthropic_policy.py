@@ -85,6 +85,7 @@ class AnthropicPolicy:
         response = call_with_retries(
             lambda: self._client.messages.create(**request),
             retry_after=_retry_after,
+            status_of=_status,
             max_retries=self.config.max_retries,
             initial_delay=self.config.retry_initial_delay,
             max_delay=self.config.retry_max_delay,
@@ -181,6 +182,10 @@ def to_openai_message(content: list) -> dict:
     if thoughts:
         message["reasoning_content"] = "\n\n".join(thoughts)
     return message
+
+
+def _status(error: Exception) -> int | None:
+    return error.status_code if isinstance(error, anthropic.APIStatusError) else None
 
 
 def _retry_after(error: Exception) -> float | None:

@@ -7,9 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-import anthropic
-import openai
-
 from pipeline.agent.policy import AssistantTurn, Policy, PolicyError, PolicyIdentity
 from pipeline.agent.prompts import system_prompt, task_prompt
 from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_call, tool_response
@@ -19,8 +16,6 @@ from sandbox.base import Sandbox, SandboxError
 
 ExitStatus = Literal["submitted", "max_steps", "max_tokens", "max_wall_time", "format_errors",
                      "policy_error", "context_error", "sandbox_error", "repo_broken"]
-API_STATUS_ERRORS = (openai.APIStatusError, anthropic.APIStatusError)
-REQUEST_REJECTED = frozenset({400, 413, 422})  # the request itself is at fault: context too long, bad message
 NO_TOOL_CALL = "Format error: your reply has no tool call. Call exactly one tool per turn; call submit when done."
 
 
@@ -162,9 +157,7 @@ def _loop(run: _Run, policy: Policy, sandbox: Sandbox, config: AgentConfig, tool
         try:
             turn = policy.act(run.messages, tools, seed=step_seed(seed, len(run.steps)))
         except PolicyError as exc:
-            return "policy_error", str(exc)
-        except API_STATUS_ERRORS as exc:  # retryable ones arrive as PolicyError
-            return ("context_error" if exc.status_code in REQUEST_REJECTED else "policy_error"), str(exc)
+            return ("context_error" if exc.request_rejected else "policy_error"), str(exc)
         message = _with_string_arguments(turn.message)
         run.messages.append(message)
         _keep_tokens(run, turn)

@@ -90,6 +90,7 @@ class OpenAIPolicy:
         response = call_with_retries(
             lambda: self._create(messages, tools, seed),
             retry_after=_retry_after,
+            status_of=_status,
             max_retries=self.config.max_retries,
             initial_delay=self.config.retry_initial_delay,
             max_delay=self.config.retry_max_delay,
@@ -140,6 +141,10 @@ def _identity(config: OpenAIPolicyConfig) -> PolicyIdentity:
 
     template = AutoTokenizer.from_pretrained(config.identity_model_path).chat_template
     return local_identity(config.model, config.identity_model_path, template)
+
+
+def _status(error: Exception) -> int | None:
+    return error.status_code if isinstance(error, openai.APIStatusError) else None
 
 
 def _retry_after(error: Exception) -> float | None:

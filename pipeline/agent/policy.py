@@ -76,10 +76,22 @@ class Policy(Protocol):
 
 
 class PolicyError(RuntimeError):
-    """The model server failed after retries (infrastructure, not the model's fault)."""
+    """The model server failed after retries (infrastructure, not the model's fault), or refused the request
+    with an HTTP `status` no retry changes. A policy raises it for every provider error it knows, so the agent
+    loop never sees a provider SDK's own exceptions."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def request_rejected(self) -> bool:
+        """The request itself was at fault (a context too long, a malformed message), not the server."""
+        return self.status in REQUEST_REJECTED
 
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+REQUEST_REJECTED = frozenset({400, 413, 422})
 
 
 def is_retryable_status(status: int) -> bool:
@@ -91,6 +103,7 @@ def call_with_retries(
     call: Callable[[], T],
     *,
     retry_after: Callable[[Exception], float | None],
+    status_of: Callable[[Exception], int | None],
     max_retries: int,
     initial_delay: float,
     max_delay: float,
@@ -98,9 +111,10 @@ def call_with_retries(
 ) -> T:
     """Run `call`; on an error `retry_after` accepts, wait with exponential backoff and retry.
 
-    `retry_after(error)` returns None for an error that must propagate as is, else the
-    server's Retry-After hint in seconds (0.0 when none). After `max_retries` retries the
-    last error is raised as PolicyError.
+    `retry_after(error)` returns None for an error no retry helps, else the server's Retry-After
+    hint in seconds (0.0 when none). After `max_retries` retries the last error is raised as
+    PolicyError; so is at once an error no retry helps that `status_of` gives an HTTP status (the
+    server refused); any other error propagates as is.
     """
     for attempt in range(max_retries + 1):
         try:
@@ -108,6 +122,9 @@ def call_with_retries(
         except Exception as error:
             hint = retry_after(error)
             if hint is None:
+                status = status_of(error)
+                if status is not None:
+                    raise PolicyError(f"{what} refused the request ({status}): {error}", status) from error
                 raise
             if attempt == max_retries:
                 raise PolicyError(f"{what} failed after {attempt + 1} attempts: {error}") from error
