@@ -32,8 +32,8 @@ from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
-from sandbox.base import SandboxError
-from sandbox.docker_sandbox import DockerSandboxConfig, reap
+from sandbox.base import SandboxError, SandboxSpec
+from sandbox.docker_sandbox import reap
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class RolloutConfig:
     """A guided response sharing a run of this many words with the guidance is flagged `quotes_guidance`."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Limits and prompt options of each attempt."""
-    sandbox: DockerSandboxConfig = field(default_factory=DockerSandboxConfig)
+    sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     """Limits of every agent and grading sandbox."""
     pool: PoolConfig = field(default_factory=PoolConfig)
     """Sandboxes started and prepared ahead of the attempts and grades that take them (within the step's

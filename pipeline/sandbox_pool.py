@@ -23,8 +23,7 @@ from typing import ContextManager, Hashable, Iterator
 
 from pipeline.records import Task
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
-from sandbox.base import Sandbox, SandboxError
-from sandbox.docker_sandbox import DockerSandboxConfig
+from sandbox.base import Sandbox, SandboxError, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class _Ready:
 
     key: Hashable
     task: Task
-    config: DockerSandboxConfig | None
+    config: SandboxSpec | None
     future: Future | None = None
     since: float = 0.0
     late: bool = False
@@ -69,7 +68,7 @@ class PoolStats:
                 "pool_wasted": self.wasted, "pool_take_median_ms": round(median, 1)}
 
 
-def _key(task: Task, config: DockerSandboxConfig | None) -> Hashable:
+def _key(task: Task, config: SandboxSpec | None) -> Hashable:
     return task.instance_id, task.image, task.base_commit, config
 
 
@@ -85,14 +84,14 @@ class SandboxPool:
         self._closer = ThreadPoolExecutor(1, thread_name_prefix="sandbox-close")
         self._closed = False
 
-    def expect(self, requests: list[tuple[Task, DockerSandboxConfig | None]]) -> None:
+    def expect(self, requests: list[tuple[Task, SandboxSpec | None]]) -> None:
         """Queue requests that will come, in the order they will come."""
         with self._lock:
             self._queue.extend(_Ready(_key(t, c), t, c) for t, c in requests)
             self._fill()
 
     @contextlib.contextmanager
-    def __call__(self, task: Task, config: DockerSandboxConfig | None = None) -> Iterator[Sandbox]:
+    def __call__(self, task: Task, config: SandboxSpec | None = None) -> Iterator[Sandbox]:
         start = time.monotonic()
         made = self._take(_key(task, config))
         try:

@@ -5,6 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+OUTPUT_CAP = 100_000  # bytes of a command's output that come back (head and tail halves)
+DEFAULT_TIMEOUT = 120.0  # seconds
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is made with, whatever runs it; each backend applies what it can (a LocalSandbox has no
+    network, memory, CPU or process isolation to give, only the timeout and the output cap)."""
+
+    network: bool = False
+    """Give the container a network (off by default: the agent works offline)."""
+    memory: str = "2g"
+    """Memory limit (swap included), docker's notation."""
+    cpus: float = 1.0
+    """CPU limit, in cores."""
+    pids: int = 512
+    """Most processes the container may hold (contains fork bombs)."""
+    user: str = "auto"
+    """User the agent's commands run as; 'auto': the image's `agent` user if it has one, else the image's default."""
+    timeout: float = DEFAULT_TIMEOUT
+    """Default per-command timeout, seconds."""
+    output_cap: int = OUTPUT_CAP
+    """Bytes of each command's output returned (head and tail kept)."""
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -34,6 +58,9 @@ class Sandbox(Protocol):
     """"uid gid home name" of the user commands drop to from a privileged shell; "" when there is none."""
     base_commit: str | None
     """Commit `diff` and `reset` compare against (None: HEAD when the sandbox started)."""
+    environment: str
+    """What the sandbox was made from (a container image), the same for sandboxes whose software is the same;
+    "" when that cannot be told (a host folder), so nothing is cached across sandboxes."""
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a command in the persistent session (cwd and exports persist)."""

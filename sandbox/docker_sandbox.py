@@ -11,15 +11,13 @@ import socket
 import struct
 import tarfile
 import time
-from dataclasses import dataclass
 
 import docker
 import docker.errors
 
-from sandbox.base import CommandResult, SandboxError
+from sandbox.base import CommandResult, SandboxError, SandboxSpec
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
-from sandbox.shell import (DEFAULT_TIMEOUT, OUTPUT_CAP, STATE_DIR, ShellClosed, ShellSession, kill_all_command,
-                           run_or_restart, server_argv)
+from sandbox.shell import STATE_DIR, ShellClosed, ShellSession, kill_all_command, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
 
 log = logging.getLogger(__name__)
@@ -29,32 +27,15 @@ PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must nei
 SESSION_TMPFS = "128m"  # the session's in-memory folder: state, and the current command's full output
 
 
-@dataclass(frozen=True)
-class DockerSandboxConfig:
-    network: bool = False
-    """Give the container a network (off by default: the agent works offline)."""
-    memory: str = "2g"
-    """Memory limit (swap included), docker's notation."""
-    cpus: float = 1.0
-    """CPU limit, in cores."""
-    pids: int = 512
-    """Most processes the container may hold (contains fork bombs)."""
-    user: str = "auto"
-    """User the agent's commands run as; 'auto': the image's `agent` user if it has one, else the image's default."""
-    timeout: float = DEFAULT_TIMEOUT
-    """Default per-command timeout, seconds."""
-    output_cap: int = OUTPUT_CAP
-    """Bytes of each command's output returned (head and tail kept)."""
-
-
 class DockerSandbox:
     """A container started from `image`, a shell session in `workdir`, removed on close."""
 
-    def __init__(self, image: str, workdir: str = "/testbed", config: DockerSandboxConfig | None = None,
+    def __init__(self, image: str, workdir: str = "/testbed", config: SandboxSpec | None = None,
                  base_commit: str | None = None, client: docker.DockerClient | None = None):
         self.image, self.workdir = image, workdir
+        self.environment = image
         self.scratch, self.private = SCRATCH, PRIVATE
-        self.config = config or DockerSandboxConfig()
+        self.config = config or SandboxSpec()
         self.client = client or docker_client()
         self.container = None
         self._shell: ShellSession | None = None

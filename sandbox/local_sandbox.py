@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox.base import CommandResult, SandboxError
-from sandbox.shell import DEFAULT_TIMEOUT, OUTPUT_CAP, ShellSession, kill_all_command, run_or_restart, server_argv
+from sandbox.base import DEFAULT_TIMEOUT, OUTPUT_CAP, CommandResult, SandboxError
+from sandbox.shell import ShellSession, kill_all_command, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
 
 
@@ -35,6 +35,7 @@ class LocalSandbox:
         self.scratch = os.path.join(self._root, "scratch")
         self.private = os.path.join(self._root, "private")
         self.run_as = ""  # commands run as this user: nobody to drop to
+        self.environment = ""  # the host's software, which may change between sandboxes
         self.timeout, self.output_cap = timeout, output_cap
         self._proc: subprocess.Popen | None = None
         self._start_shell()

@@ -24,7 +24,7 @@ import secrets
 import time
 from typing import Callable
 
-from sandbox.base import CommandResult
+from sandbox.base import DEFAULT_TIMEOUT, OUTPUT_CAP, CommandResult
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,6 @@ while IFS= read -r N; do
 done
 """
 
-OUTPUT_CAP = 100_000  # bytes of a command's output that come back (head and tail halves)
-DEFAULT_TIMEOUT = 120.0  # seconds
 KILL_GRACE = 10.0  # seconds the loop gets to answer once its command was killed
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sandbox import DockerSandbox, DockerSandboxConfig, LocalSandbox, Sandbox, reap
+from sandbox import DockerSandbox, LocalSandbox, Sandbox, SandboxSpec, reap
 from sandbox.images import LABEL
 
 REPO_SETUP = (
@@ -178,7 +178,7 @@ def test_no_network_by_default(base_image):
 
 @pytest.mark.docker
 def test_fork_bomb_is_contained(base_image):
-    config = DockerSandboxConfig(pids=64)
+    config = SandboxSpec(pids=64)
     with DockerSandbox(base_image, workdir="/tmp", config=config) as sb:
         sb.run("bomb() { bomb | bomb & }; bomb", timeout=5)
         # The session survives, or is restarted with the bomb's processes killed: it answers again.
@@ -188,7 +188,7 @@ def test_fork_bomb_is_contained(base_image):
 
 @pytest.mark.docker
 def test_memory_hog_is_contained(base_image):
-    config = DockerSandboxConfig(memory="128m")
+    config = SandboxSpec(memory="128m")
     with DockerSandbox(base_image, workdir="/tmp", config=config) as sb:
         result = sb.run("python3 -c \"x = bytearray(512 * 1024 * 1024); print('ALLOC' + 'ATED')\"", timeout=30)
         assert result.exit_code != 0 and "ALLOCATED" not in result.output

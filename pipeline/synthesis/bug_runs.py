@@ -8,10 +8,10 @@ from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.strength import tests_ignore_result
 from pipeline.synthesis.suite import Baseline, run_suite
 from pipeline.synthesis.synth_config import SynthConfig, SynthReport
-from sandbox.docker_sandbox import DockerSandbox
+from sandbox.base import Sandbox
 
 
-def try_candidate(sandbox: DockerSandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
+def try_candidate(sandbox: Sandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
                   config: SynthConfig, report: SynthReport, expect: list[str] | None = None
                   ) -> tuple[list[str], str] | None:
     """(FAIL_TO_PASS, log) when the bug breaks the same tests on each of `validation_runs - 1` runs (at least

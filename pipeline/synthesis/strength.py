@@ -16,7 +16,7 @@ import dataclasses
 from pipeline.synthesis.mutations import functions
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.suite import run_suite
-from sandbox.docker_sandbox import DockerSandbox
+from sandbox.base import Sandbox
 
 
 def stubbed(source: str, qualname: str) -> str | None:
@@ -31,7 +31,7 @@ def stubbed(source: str, qualname: str) -> str | None:
     return "".join(lines[:first] + [f"{indent}return None\n"] + lines[last:])
 
 
-def tests_ignore_result(sandbox: DockerSandbox, spec: PackageSpec, file: str, source: str, function: str,
+def tests_ignore_result(sandbox: Sandbox, spec: PackageSpec, file: str, source: str, function: str,
                         fail_to_pass: list[str], timeout: float) -> bool:
     """Whether every FAIL_TO_PASS test passes with `function` of `file` (original `source`) returning None.
     Runs the test files those tests are in (their outcome is all the probe asks; whole files keep their order

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
 from pipeline.synthesis.packages import PackageError, PackageSpec, test_command
-from sandbox.docker_sandbox import DockerSandbox
+from sandbox.base import Sandbox
 
 if TYPE_CHECKING:
     from pipeline.synthesis.synth_config import SynthConfig
@@ -33,13 +33,13 @@ class Baseline:
     """Tests that passed on some pristine runs and not others."""
 
 
-def run_suite(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
+def run_suite(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
     """Status per test, the log and whether it timed out (output read from a file: never capped)."""
     text, timed_out = _logged_run(sandbox, test_command(spec), "suite.log", timeout)
     return PARSER_REGISTRY[LOG_PARSER](text, None), text, timed_out
 
 
-def _logged_run(sandbox: DockerSandbox, command: str, log_name: str, timeout: float) -> tuple[str, bool]:
+def _logged_run(sandbox: Sandbox, command: str, log_name: str, timeout: float) -> tuple[str, bool]:
     """(output, timed out) of `command` run in the workdir, its output written to a scratch file and read back."""
     log_file = f"{sandbox.scratch}/{log_name}"
     result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {command} > {log_file} 2>&1",
@@ -47,12 +47,12 @@ def _logged_run(sandbox: DockerSandbox, command: str, log_name: str, timeout: fl
     return sandbox.read_file(log_file).decode("utf-8", errors="replace"), result.timed_out
 
 
-def reproduce(sandbox: DockerSandbox, spec: PackageSpec) -> str:
+def reproduce(sandbox: Sandbox, spec: PackageSpec) -> str:
     """The command that reruns this package's suite by hand."""
-    return f"docker run --rm {getattr(sandbox, 'image', '<image>')} bash -c {shlex.quote(test_command(spec))}"
+    return f"docker run --rm {sandbox.environment or '<image>'} bash -c {shlex.quote(test_command(spec))}"
 
 
-def baseline(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> Baseline:
+def baseline(sandbox: Sandbox, spec: PackageSpec, config: SynthConfig) -> Baseline:
     """Tests that pass in every one of `baseline_runs` clean runs; raises PackageError if the suite is unusable."""
     start = time.monotonic()
     first, text, timed_out = run_suite(sandbox, spec, config.suite_timeout)
@@ -74,7 +74,7 @@ def baseline(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> 
     return Baseline(passed, len(first), (time.monotonic() - start) / len(runs), frozenset(ever - passed))
 
 
-def runnable(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> PackageSpec:
+def runnable(sandbox: Sandbox, spec: PackageSpec, config: SynthConfig) -> PackageSpec:
     """The spec as its tests run reliably: `--import-mode=importlib` when they collect with fewer errors that
     way (test folders without __init__.py holding same-named modules), and a fixed PYTHONHASHSEED when two
     collections name the tests differently (parametrized over a set: ids that no task could name twice)."""
@@ -94,7 +94,7 @@ def runnable(sandbox: DockerSandbox, spec: PackageSpec, config: SynthConfig) -> 
     return spec
 
 
-def _collect(sandbox: DockerSandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
+def _collect(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
     """(test ids, collection errors) of one `--collect-only` run."""
     lines = _logged_run(sandbox, f"{test_command(spec)} --collect-only -q", "collect.log", timeout)[0].splitlines()
     return {line for line in lines if "::" in line}, sum(line.startswith("ERROR ") for line in lines)

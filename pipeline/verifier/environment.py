@@ -11,11 +11,11 @@ from typing import Callable, ContextManager, Iterator, Mapping
 from unidiff import PatchSet
 
 from pipeline.records import Task
-from sandbox.base import Sandbox, SandboxError
-from sandbox.docker_sandbox import DockerSandbox, DockerSandboxConfig
+from sandbox.base import Sandbox, SandboxError, SandboxSpec
+from sandbox.docker_sandbox import DockerSandbox
 from sandbox.local_sandbox import LocalSandbox
 
-SandboxFactory = Callable[[Task, "DockerSandboxConfig | None"], ContextManager[Sandbox]]
+SandboxFactory = Callable[[Task, SandboxSpec | None], ContextManager[Sandbox]]
 """Makes a ready sandbox for a task (its bug applied, at its base commit): `with sandboxes(task, config) as sb`."""
 
 # Fixed identity and dates make the single commit's hash the same in every sandbox,
@@ -99,7 +99,7 @@ def _only_reachable(sandbox: Sandbox, task: Task) -> None:
 
 
 @contextlib.contextmanager
-def task_sandbox(task: Task, config: DockerSandboxConfig | None = None) -> Iterator[DockerSandbox]:
+def task_sandbox(task: Task, config: SandboxSpec | None = None) -> Iterator[DockerSandbox]:
     """A ready DockerSandbox for `task`, removed on exit whatever happens."""
     with DockerSandbox(task.image, workdir=task.workdir, config=config,
                        base_commit=task.base_commit or None) as sandbox:
@@ -119,7 +119,7 @@ class LocalTaskSandboxes:
     repos: Mapping[str, str]
 
     @contextlib.contextmanager
-    def __call__(self, task: Task, config: DockerSandboxConfig | None = None) -> Iterator[LocalSandbox]:
+    def __call__(self, task: Task, config: SandboxSpec | None = None) -> Iterator[LocalSandbox]:
         if task.image not in self.repos:
             raise SandboxError(f"task {task.instance_id}: no local repository for image {task.image}; "
                                f"add it to LocalTaskSandboxes.repos (known: {sorted(self.repos)})")

@@ -40,8 +40,7 @@ from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.verifier.junit import guard_disagreements, junit_disagreements
 from pipeline.verifier.steps import GUARD, apply_script, guard_dir, list_script, test_script
-from sandbox.base import Sandbox, SandboxError
-from sandbox.docker_sandbox import DockerSandboxConfig
+from sandbox.base import Sandbox, SandboxError, SandboxSpec
 from sandbox.privileged import exchange
 
 GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an older grader are validated again
@@ -121,7 +120,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
 
 def _list(sandbox: Sandbox, task: Task, patch: str, private: str):
     """Round trip 1: (plugins, installed names, patch paths, protected reasons); None when git refuses it."""
-    key = (getattr(sandbox, "image", ""), _interpreter(task.test_cmd))
+    key = (sandbox.environment, _interpreter(task.test_cmd))
     probed = _PROBED.get(key) if key[0] else None
     inputs = {f"{private}/candidate.patch": (patch.encode(), 0o600),
               f"{guard_dir(sandbox)}/{GUARD}.py": (GUARD_SOURCE.read_bytes(), 0o644)}
@@ -216,7 +215,7 @@ def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
     return Grade(True, "none", "resolved", report=json.dumps(status))
 
 
-def grade(task: Task, patch: str, config: DockerSandboxConfig | None = None, test_timeout: float = 300,
+def grade(task: Task, patch: str, config: SandboxSpec | None = None, test_timeout: float = 300,
           sandboxes: SandboxFactory = task_sandbox, zero_suspicious: bool = True) -> Grade:
     """Grade `patch` in a fresh sandbox; a sandbox or engine fault is an infra grade, never a failure."""
     start = time.monotonic()
