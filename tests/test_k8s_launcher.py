@@ -12,13 +12,14 @@ import dagster as dg
 import pytest
 
 from assets.resources import Credentials, HandholdSettings
-from assets.training import PROJECT, actguide_model
+from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.export import CardInfo, export_dataset
 from pipeline.settings import HandholdConfig, SettingsError, from_mapping
 from tests.fake_kube import FakeKube, write_kubeconfig
 from tests.test_training import actguide_attempts
 from training.common import read_run
+from training.launch import PROJECT
 
 IMAGE = "registry.example.com/handhold:cuda"
 FAILING = f"{sys.executable} -c \"import sys; print('no CUDA device here', file=sys.stderr); sys.exit(3)\""
@@ -40,12 +41,15 @@ def kube(monkeypatch):
         yield kube
 
 
-def materialize(data: Path, instance: dg.DagsterInstance | None = None, **training) -> dg.ExecuteInProcessResult:
-    """actguide_model with launcher k8s: two optimizer steps on the tiny model, the pod polled every 0.1 s."""
+def materialize(data: Path, instance: dg.DagsterInstance | None = None, launch_command: str | None = None,
+                **k8s) -> dg.ExecuteInProcessResult:
+    """actguide_model with launcher k8s (`k8s`: the training.k8s settings): two optimizer steps on the tiny model,
+    the pod polled every 0.1 s."""
     settings = HandholdSettings(data_dir=str(data), batch="b1", training={
-        "launcher": "k8s", "launch_command": f"{sys.executable} -m", "k8s_image": IMAGE, "k8s_poll_seconds": 0.1,
+        "launcher": "k8s", "launch_command": launch_command or f"{sys.executable} -m",
+        "k8s": {"image": IMAGE, "poll_seconds": 0.1, **k8s},
         "actguide": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 2,
-                     "behaviour_logprobs": "recompute"}, **training})  # hand-made attempts: no sampled ids
+                     "behaviour_logprobs": "recompute"}})  # hand-made attempts: no sampled ids
     return dg.materialize([actguide_model], instance=instance or dg.DagsterInstance.ephemeral(), raise_on_error=False,
                           resources={"settings": settings, "credentials": Credentials()})
 
@@ -58,8 +62,8 @@ def failure_text(result: dg.ExecuteInProcessResult) -> str:
 
 def test_a_k8s_launch_trains_in_a_pod_that_reports_to_the_asset(data, kube, tmp_path):
     instance = dg.DagsterInstance.ephemeral()
-    result = materialize(data, instance, k8s_kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
-                         k8s_namespace="training", k8s_gpus=2, k8s_data_claim="handhold-data")
+    result = materialize(data, instance, kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
+                         namespace="training", gpus=2, data_claim="handhold-data")
     assert result.success
     meta = result.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata
     assert meta["launcher"].value == "k8s" and meta["stage"].value == "actguide"  # stage: reported by the pod
@@ -87,8 +91,8 @@ def test_a_k8s_launch_trains_in_a_pod_that_reports_to_the_asset(data, kube, tmp_
 
 def test_a_failing_pod_fails_the_asset_naming_the_pod_and_its_last_lines(data, kube, tmp_path):
     """No namespace set: the kubeconfig context's; no GPU, no claim: neither in the pod."""
-    result = materialize(data, k8s_kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig", namespace="ci")),
-                         launch_command=FAILING, k8s_gpus=0)
+    result = materialize(data, kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig", namespace="ci")),
+                         launch_command=FAILING, gpus=0)
     assert not result.success
     [pod] = kube.created
     name, container = pod["metadata"]["name"], pod["spec"]["containers"][0]
@@ -102,12 +106,12 @@ def test_a_failing_pod_fails_the_asset_naming_the_pod_and_its_last_lines(data, k
 def test_an_image_that_cannot_be_pulled_fails_the_asset_naming_the_image(data, monkeypatch, tmp_path):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     with FakeKube(pull_fails=(IMAGE,)) as kube:
-        result = materialize(data, k8s_kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
+        result = materialize(data, kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
     assert not result.success
     [pod] = kube.created
     text = failure_text(result)
     assert text.startswith(f"training pod {pod['metadata']['name']} (image {IMAGE}) failed: check that "
-                           "training.k8s_image exists")
+                           "training.k8s.image exists")
     assert "ErrImagePull" in text and f'Failed to pull image "{IMAGE}"' in text  # the Warning event
     assert kube.deleted == [("default", pod["metadata"]["name"])] and kube.unknown == []
 
@@ -126,17 +130,17 @@ def test_an_unreachable_cluster_fails_the_asset_saying_what_to_set(data, tmp_pat
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     port = closed_port()
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", "token")
-    result = materialize(data, k8s_kubeconfig=str(kubeconfig), k8s_context=context)
+    result = materialize(data, kubeconfig=str(kubeconfig), context=context)
     assert not result.success
     text = failure_text(result)
-    assert message.format(port=port) in text and "training.k8s_kubeconfig" in text
+    assert message.format(port=port) in text and "training.k8s.kubeconfig" in text
 
 
 def test_launcher_k8s_without_an_image_is_a_settings_error(data):
     with pytest.raises(SettingsError, match=r"exp\.yaml: training: training\.launcher is k8s but training\."
-                                            r"k8s_image is empty; set training\.k8s_image to an image"):
+                                            r"k8s\.image is empty; set training\.k8s\.image to an image"):
         from_mapping(HandholdConfig, {"training": {"launcher": "k8s"}}, "exp.yaml")
-    result = materialize(data, k8s_image="")
+    result = materialize(data, image="")
     assert not result.success
     [event] = result.get_step_failure_events()
-    assert "training.k8s_image is empty" in event.step_failure_data.error.to_string()
+    assert "training.k8s.image is empty" in event.step_failure_data.error.to_string()

@@ -125,6 +125,34 @@ class EvaluationConfig:
 
 
 @dataclass(frozen=True)
+class K8sConfig:
+    """The Kubernetes pod a `launcher: k8s` training stage runs in (through Dagster Pipes)."""
+
+    image: str = ""
+    """The pod's image, holding the project and a CUDA build of torch (required with launcher k8s)."""
+    namespace: str = ""
+    """Namespace of the pod; '': the kubeconfig context's, or the step's own when it runs in a pod."""
+    gpus: int = 1
+    """GPUs the pod requests (limits nvidia.com/gpu); 0: none requested."""
+    data_claim: str = ""
+    """PersistentVolumeClaim holding data_dir, mounted in the pod where the step sees data_dir; '': no
+    volume (the cluster's nodes already share data_dir at that path)."""
+    kubeconfig: str = ""
+    """Kubeconfig file of the cluster; '': in-cluster config when the step runs in a pod, else the default
+    kubeconfig (~/.kube/config or $KUBECONFIG)."""
+    context: str = ""
+    """Kubeconfig context to use; '': its current context."""
+    poll_seconds: float = 10.0
+    """Seconds between the client's reads of the pod's state while it starts and runs."""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0:
+            raise ValueError(f"training.k8s.gpus is {self.gpus}; it must be 0 (no GPU) or more")
+        if self.poll_seconds <= 0:
+            raise ValueError(f"training.k8s.poll_seconds is {self.poll_seconds}; it must be above 0")
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """Which model is trained, how the training process is launched, and each stage's settings."""
 
@@ -136,22 +164,8 @@ class TrainingConfig:
     launch_command: str = "python -m accelerate.commands.launch --num_processes 1 -m"
     """Command a pipes or k8s launch runs, followed by `training.run <stage>`; 'python' is this interpreter
     (pipes) or the image's (k8s)."""
-    k8s_image: str = ""
-    """k8s: the pod's image, holding the project and a CUDA build of torch (required with launcher k8s)."""
-    k8s_namespace: str = ""
-    """k8s: namespace of the pod; '': the kubeconfig context's, or the step's own when it runs in a pod."""
-    k8s_gpus: int = 1
-    """k8s: GPUs the pod requests (limits nvidia.com/gpu); 0: none requested."""
-    k8s_data_claim: str = ""
-    """k8s: PersistentVolumeClaim holding data_dir, mounted in the pod where the step sees data_dir; '': no
-    volume (the cluster's nodes already share data_dir at that path)."""
-    k8s_kubeconfig: str = ""
-    """k8s: kubeconfig file of the cluster; '': in-cluster config when the step runs in a pod, else the default
-    kubeconfig (~/.kube/config or $KUBECONFIG)."""
-    k8s_context: str = ""
-    """k8s: kubeconfig context to use; '': its current context."""
-    k8s_poll_seconds: float = 10.0
-    """k8s: seconds between the client's reads of the pod's state while it starts and runs."""
+    k8s: K8sConfig = field(default_factory=K8sConfig)
+    """The pod of a k8s launch."""
     dpo: DPOTrainingConfig = field(default_factory=DPOTrainingConfig)
     """Offline DPO."""
     actguide: ActGuideTrainingConfig = field(default_factory=ActGuideTrainingConfig)
@@ -160,10 +174,6 @@ class TrainingConfig:
     """Unguided evaluation of the trained policy."""
 
     def __post_init__(self) -> None:
-        if self.launcher == "k8s" and not self.k8s_image.strip():
-            raise ValueError("training.launcher is k8s but training.k8s_image is empty; set training.k8s_image to "
+        if self.launcher == "k8s" and not self.k8s.image.strip():
+            raise ValueError("training.launcher is k8s but training.k8s.image is empty; set training.k8s.image to "
                              "an image holding the project and a CUDA torch, e.g. registry.example.com/handhold:cuda")
-        if self.k8s_gpus < 0:
-            raise ValueError(f"training.k8s_gpus is {self.k8s_gpus}; it must be 0 (no GPU) or more")
-        if self.k8s_poll_seconds <= 0:
-            raise ValueError(f"training.k8s_poll_seconds is {self.k8s_poll_seconds}; it must be above 0")

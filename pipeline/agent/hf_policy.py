@@ -25,8 +25,8 @@ class LocalHFPolicyConfig:
     """0: greedy decoding."""
     top_p: float = 1.0
     max_new_tokens: int = 512
-    device: str = "cpu"
-    """'cpu', 'cuda', 'cuda:1', ..."""
+    device: str = "auto"
+    """'cpu', 'cuda', 'cuda:1', ...; 'auto': 'cuda' when torch sees a GPU, else 'cpu'."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     chat_template: str | None = None
     """Jinja template replacing the tokenizer's own (None: keep it)."""
@@ -54,7 +54,7 @@ class LocalHFPolicy:
             raise ValueError(f"{config.model_path} has no chat template; set LocalHFPolicyConfig.chat_template")
         self.native_tools = "tools" in self.tokenizer.chat_template
         self.model = AutoModelForCausalLM.from_pretrained(
-            config.model_path, dtype=getattr(torch, config.dtype)).to(config.device).eval()
+            config.model_path, dtype=getattr(torch, config.dtype)).to(_device(config.device)).eval()
         self.identity = local_identity(config.model_path, config.model_path, self.tokenizer.chat_template)
         self._lock = threading.Lock()  # one generate at a time: seeded sampling stays reproducible
 
@@ -158,3 +158,9 @@ def parse_tool_calls(text: str) -> dict:
     if calls:
         message["tool_calls"] = calls
     return message
+
+
+def _device(name: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
