@@ -20,8 +20,8 @@ from pipeline.datasets.secrets import scan_tables
 from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_records
+from pipeline.vocab import DATASET_KINDS
 
-KINDS = ("dpo", "actguide", "sft")
 PREVIEW_ROWS = 5
 
 
@@ -65,7 +65,7 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
     report = update_datasets(settings.path(), out, config, gold, split_groups(tasks))
     for skipped in report.skipped_files:
         context.log.warning(f"skipped {skipped}")
-    for kind in KINDS:
+    for kind in DATASET_KINDS:
         rows = read_dataset(out, kind)
         split = rows.group_by("split").len().sort("split").rows() if rows.height else []
         yield dg.MaterializeResult(asset_key=f"{kind}_dataset", metadata={
@@ -116,7 +116,7 @@ def no_infra_error_attempts(settings: HandholdSettings) -> dg.AssetCheckResult:
 def _split_overlap(settings: HandholdSettings) -> dict[str, list[str]]:
     out = settings.path("datasets", "rows")
     overlap = {}
-    for kind in KINDS:
+    for kind in DATASET_KINDS:
         rows = read_dataset(out, kind)
         both = rows.group_by("instance_id").agg(pl.col("split").n_unique().alias("n")).filter(pl.col("n") > 1)
         overlap[kind] = both["instance_id"].to_list()
@@ -131,13 +131,13 @@ def splits_are_disjoint_by_task(settings: HandholdSettings) -> dg.AssetCheckResu
 
 def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
     out = settings.path("datasets", "rows")
-    tables = {kind: read_dataset(out, kind) for kind in KINDS}
+    tables = {kind: read_dataset(out, kind) for kind in DATASET_KINDS}
     tables["trajectories"] = _trajectories(settings)
     tables["tasks"] = pl.read_parquet(settings.path("tasks", "tasks.parquet"))
     return tables
 
 
-@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in KINDS])
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in DATASET_KINDS])
 def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram."""
     config, batch = settings.resolved(), settings.batch_name(context)

@@ -42,9 +42,11 @@ def _fields(cls: type) -> dict[str, Any]:
 
 
 def _annotation(kind: Any) -> Any:
-    """Dagster's form of a field type: tuples become lists, the rest is as declared."""
+    """Dagster's form of a field type: tuples become lists (of str for a tuple of Literal, which Dagster cannot
+    type: the choices are checked when the settings resolve), the rest is as declared."""
     if typing.get_origin(kind) is tuple:
-        return list[typing.get_args(kind)[0]]
+        item = typing.get_args(kind)[0]
+        return list[str if typing.get_origin(item) is Literal else item]
     if typing.get_origin(kind) is Literal or kind in (str, int, float, bool):
         return kind
     raise TypeError(f"{kind!r} cannot be a setting: use str, int, float, bool, Literal, tuple or a config dataclass")

@@ -35,8 +35,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pipeline.records import TRAJECTORY_SCHEMA  # noqa: E402
+from pipeline.vocab import GUIDANCE_KINDS  # noqa: E402
 
-KINDS = ("plan", "environment_feedback", "environment_interaction", "action")
 TOOLS = json.dumps([{"type": "function", "function": {"name": n, "description": "x" * 300,
                                                       "parameters": {"type": "object"}}} for n in ("bash", "edit")])
 
@@ -120,13 +120,13 @@ def generate(data: Path, total: int, batches: int, seed: int = 0) -> dict[str, s
                             f"@@ -1,4 +1,4 @@ def f():\n{body}\n",
                     "hunk": f"@@ -1,4 +1,4 @@\n{body}",
                     "actions": [{"name": "bash", "args": json.dumps({"command": text(20, 80)})} for _ in range(5)],
-                    "hints": {kind: hints(300, 900) for kind in KINDS}}
+                    "hints": {kind: hints(300, 900) for kind in GUIDANCE_KINDS}}
             gold[task["id"]] = task["gold"]
             solved = rng.random() < 0.4
             for i in range(4):
                 rows["unguided"].append(attempt(text, rng, task, batch, "none", i, float(solved and rng.random() < 0.6)))
             if not solved:
-                for kind in KINDS:
+                for kind in GUIDANCE_KINDS:
                     rows["guided"] += [attempt(text, rng, task, batch, kind, i, float(rng.random() < 0.5)) for i in range(2)]
             made += 4 + (0 if solved else 8)
         for origin, chunk in rows.items():
@@ -145,14 +145,14 @@ def stream_build(data: Path, out: Path, gold: dict[str, str]) -> None:
 
 def whole_build(data: Path, out: Path, gold: dict[str, str]) -> None:
     """Each batch read whole and built at once (no runs, no streaming), written as the build writes."""
-    from pipeline.datasets.build import KINDS, SEEN_KEYS, build_rows, rows_table
+    from pipeline.datasets.build import SCHEMAS, SEEN_KEYS, build_rows, rows_table
     from pipeline.datasets.config import DatasetConfig
     from pipeline.datasets.files import batch_names, read_trajectories, trajectory_files, write_rows_table
 
     config, seen = DatasetConfig(), {}
     for batch in batch_names(data):
         built = build_rows(read_trajectories(trajectory_files(data, batch))[0], config, gold, seen)
-        for kind, schema in KINDS.items():
+        for kind, schema in SCHEMAS.items():
             (out / kind).mkdir(parents=True, exist_ok=True)
             write_rows_table(rows_table(getattr(built, kind), schema), out / kind / f"{batch}.parquet")
         seen = {kind: pl.concat([seen[kind], getattr(built, kind).select(keys)]) if kind in seen
@@ -215,9 +215,9 @@ def measured(phase: str, data: Path, out: Path) -> dict:
 
 def same_rows(a: Path, b: Path) -> bool:
     """Both outputs hold the same shards with equal tables (types, order and values)."""
-    from pipeline.datasets.build import KINDS
+    from pipeline.datasets.build import SCHEMAS
 
-    for kind in KINDS:
+    for kind in SCHEMAS:
         names = sorted(p.name for p in (a / kind).glob("*.parquet"))
         if names != sorted(p.name for p in (b / kind).glob("*.parquet")):
             return False

@@ -16,6 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.vocab import NO_GUIDANCE_KIND
+
 STR, INT, FLOAT, BOOL, STRS = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.list_(pa.string())
 TURN_IDS = pa.list_(pa.list_(pa.int32()))  # (assistant turns, tokens); a turn's list null when it has none
 
@@ -217,8 +219,8 @@ STEP_SCHEMA = record_schema(STEP_FIELDS, "1", "Step")
 class Guidance:
     """What an attempt is shown beyond the task: nothing, a teacher's hint, or an action prefix."""
 
-    kind: str = "none"
-    """'none', 'plan', 'environment_feedback', 'environment_interaction' or 'action'."""
+    kind: str = NO_GUIDANCE_KIND
+    """'none' (NO_GUIDANCE_KIND), or one of GUIDANCE_KINDS (pipeline/vocab.py)."""
     text: str = ""
     """Exactly what is added to the task prompt."""
     actions: tuple[Action, ...] = ()
@@ -232,7 +234,7 @@ class Guidance:
 
     @property
     def key(self) -> str:
-        return "none" if self.kind == "none" else \
+        return NO_GUIDANCE_KIND if self.kind == NO_GUIDANCE_KIND else \
             f"{self.kind}:{hashlib.sha256((self.text + str(self.k)).encode()).hexdigest()[:12]}"
 
     def to_row(self) -> dict[str, Any]:

@@ -17,22 +17,20 @@ from pipeline.agent.policy import Policy
 from pipeline.guidance.actions import action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
     reference_actions
 from pipeline.guidance.references import hint_leaks_gold
-from pipeline.guidance.teacher import KINDS, LLMTeacher, RuleTeacher, Teacher, flag_leaks
+from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, Teacher, flag_leaks
 # Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
 from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
+from pipeline.vocab import GUIDANCE_KINDS, TEACHER_KINDS, GuidanceKind
 
 log = logging.getLogger(__name__)
-
-ALL_KINDS = (*KINDS, "action")
-
 
 @dataclass(frozen=True)
 class GuidanceConfig:
     """Which guidance failed tasks get, and how the action prefix is searched."""
 
-    kinds: tuple[str, ...] = ALL_KINDS
+    kinds: tuple[GuidanceKind, ...] = GUIDANCE_KINDS
     """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'action'."""
     delta: float = 0.0
     """A task gets guidance only when its unguided group's best reward is at most this."""
@@ -60,9 +58,9 @@ class GuidanceConfig:
     """Reject guidance that contains a line of the gold patch verbatim (else keep it, flagged)."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.kinds) - set(ALL_KINDS)
+        unknown = set(self.kinds) - set(GUIDANCE_KINDS)
         if unknown:
-            raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(ALL_KINDS)}")
+            raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(GUIDANCE_KINDS)}")
 
 
 def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, list[Trajectory]]:
@@ -99,7 +97,7 @@ def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], t
         except Exception as exc:  # a teacher's failure (API, parse, odd patch) is that task's, not the batch's
             log.warning("teacher failed on %s: %s", iid, exc)
             plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc))
-                      for k in KINDS if k in config.kinds]
+                      for k in TEACHER_KINDS if k in config.kinds]
             continue
         for g in items:
             if g.kind in config.kinds:

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, KINDS, SFT_SCHEMA, BadTrajectoryFile, DatasetConfig,
+from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SCHEMAS, SFT_SCHEMA, BadTrajectoryFile, DatasetConfig,
                                GuidanceLeakError, arguments_as_objects, build_rows, dataset_files, read_dataset,
                                task_split, update_datasets)
 from pipeline.datasets import build
@@ -237,7 +237,7 @@ def test_same_input_gives_the_same_rows_in_the_same_order():
     attempts = TASK_T1 + OTHERS
     first = build_rows(attempts, DatasetConfig(rejected="random", seed=3))
     again = build_rows(list(reversed(attempts)), DatasetConfig(rejected="random", seed=3))
-    for kind in KINDS:
+    for kind in SCHEMAS:
         assert getattr(first, kind).equals(getattr(again, kind))
     assert first.dpo["rejected_rollout_id"].n_unique() == 1
 
@@ -333,18 +333,18 @@ def test_an_update_builds_only_new_batches_and_equals_a_build_from_scratch(tmp_p
     store_batch(data, "b1", TASK_T1)
     first = update_datasets(data, out, DatasetConfig())
     assert (first.built, first.reused) == (["b1"], [])
-    stamps = {k: os.stat(out / k / "b1.parquet").st_mtime_ns for k in KINDS}
+    stamps = {k: os.stat(out / k / "b1.parquet").st_mtime_ns for k in SCHEMAS}
     # b2 repeats one pair of b1 word for word (other rollout ids): it is not made twice
     store_batch(data, "b2", [traj("r0", tag="u1", steps=3), traj("s0", kind="plan", reward=1.0, tag="g0"),
                              traj("r1", iid="t4"), traj("s1", iid="t4", kind="plan", reward=1.0)])
     second = update_datasets(data, out, DatasetConfig())
     assert (second.built, second.reused) == (["b2"], ["b1"])
-    assert {k: os.stat(out / k / "b1.parquet").st_mtime_ns for k in KINDS} == stamps
+    assert {k: os.stat(out / k / "b1.parquet").st_mtime_ns for k in SCHEMAS} == stamps
     assert second.dropped["dpo.seen_before"] == 1 and second.dropped["sft.seen_before"] == 1
     assert update_datasets(data, out, DatasetConfig()).built == []
     scratch = update_datasets(data, tmp_path / "scratch", DatasetConfig())
     assert scratch.built == ["b1", "b2"] and scratch.rows == second.rows
-    for kind in KINDS:
+    for kind in SCHEMAS:
         assert read_dataset(out, kind).equals(read_dataset(tmp_path / "scratch", kind))
     assert update_datasets(data, out, DatasetConfig(pairs_per_task=1)).built == ["b1", "b2"]  # new settings
 
@@ -358,7 +358,7 @@ def test_a_batch_built_a_few_tasks_at_a_time_equals_one_build(tmp_path, monkeypa
     assert len(build.task_chunks(frame)) > 10
     report = update_datasets(tmp_path / "data", tmp_path / "out", DatasetConfig())
     whole = build_rows(frame, DatasetConfig())
-    for kind, schema in KINDS.items():
+    for kind, schema in SCHEMAS.items():
         expected = pl.from_arrow(build.rows_table(getattr(whole, kind), schema))
         assert read_dataset(tmp_path / "out", kind).equals(expected)
     assert report.dropped == whole.dropped and report.rows["dpo"] == whole.dpo.height == 44

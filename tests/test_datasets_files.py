@@ -44,7 +44,7 @@ def test_shards_are_zstd_in_bounded_row_groups_with_dictionaries_only_for_repeat
     assert dictionary_columns(shard) == {"tools", "instance_id", "split", "batch", "chosen_source"} <= set(DICTIONARY)
     frame, _ = read_trajectories(trajectory_files(tmp_path / "data", "b1"))
     assert read_dataset(tmp_path / "out", "dpo").equals(
-        pl.from_arrow(build.rows_table(build_rows(frame, DatasetConfig()).dpo, build.KINDS["dpo"])))
+        pl.from_arrow(build.rows_table(build_rows(frame, DatasetConfig()).dpo, build.SCHEMAS["dpo"])))
 
 
 def test_an_export_loads_the_same_rows_and_features_from_bounded_row_groups(tmp_path, monkeypatch):
@@ -114,5 +114,5 @@ def test_a_file_found_corrupt_only_while_streaming_is_left_out_like_one_found_at
     bad.unlink()
     again = update_datasets(tmp_path / "data", tmp_path / "clean", DatasetConfig())
     assert report.rows == again.rows and report.dropped == again.dropped
-    for kind in build.KINDS:
+    for kind in build.SCHEMAS:
         assert read_dataset(tmp_path / "out", kind).equals(read_dataset(tmp_path / "clean", kind))

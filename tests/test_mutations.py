@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.synthesis.mutations import (
-    KINDS,
+    MUTATION_KINDS,
     BugCandidate,
     bug_patch,
     collect_candidates,
@@ -139,7 +139,7 @@ def all_candidates(root: Path) -> list[BugCandidate]:
     return generate_candidates(root, include=["toolz/**/*.py", "tests/*.py"], max_per_function=1000)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", MUTATION_KINDS)
 def test_every_kind_makes_a_compiling_candidate(tmp_path, kind):
     candidates = generate_candidates(make_repo(tmp_path), include=["toolz/**/*.py"], kinds={kind}, max_per_function=100)
     assert candidates
@@ -189,7 +189,7 @@ def test_patches_apply_with_git(tmp_path, text):
     git(repo, "init", "-q")
     path = repo / "toolz/itertoolz.py"
     candidates, stats = collect_candidates(repo, include=["toolz/*.py"], max_per_function=1000)
-    assert {c.kind for c in candidates} == set(KINDS)
+    assert {c.kind for c in candidates} == set(MUTATION_KINDS)
     assert sum(stats.compiled.values()) == len(candidates)
     for candidate in {c.kind: c for c in candidates}.values():  # one of each kind keeps git calls few
         assert candidate.original_source == text
@@ -219,8 +219,8 @@ def test_deterministic_under_a_seed(tmp_path):
 
 
 def test_round_robin_covers_every_kind_first(tmp_path):
-    candidates = generate_candidates(make_repo(tmp_path), include=["toolz/*.py"], limit=len(KINDS))
-    assert sorted(c.kind for c in candidates) == sorted(KINDS)
+    candidates = generate_candidates(make_repo(tmp_path), include=["toolz/*.py"], limit=len(MUTATION_KINDS))
+    assert sorted(c.kind for c in candidates) == sorted(MUTATION_KINDS)
 
 
 def test_max_per_function(tmp_path):

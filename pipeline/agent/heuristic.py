@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 from typing import Generator, Iterator
 
 from pipeline.agent.policy import AssistantTurn, Usage
+from pipeline.vocab import HINT_HEADER
 
 # pipefail: the tool reports pytest's exit code, not tail's (a failing run must not say "exit code: 0")
 SUITE = "(set -o pipefail; python -m pytest -x -q --tb=short -p no:cacheprovider 2>&1 | tail -n 80)"
-HINT_HEADER = "Reference action trajectory hint:"
 TOOL_WORDS = {"bash", "edit", "view", "view_range", "create", "str_replace", "insert", "submit", "old_str"}
 REPAIRS = [  # (pattern, replacement): each applied at one match at a time
     (r"==", "!="), (r"!=", "=="), (r"<=", "<"), (r">=", ">"), (r"(?<![<>=!-])<(?![<=])", "<="),

@@ -34,7 +34,7 @@ from pipeline.datasets.splits import Counter, token_counter
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
 
 BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
-KINDS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
+SCHEMAS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}  # DATASET_KINDS' schemas
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
 MANIFEST = "manifest.json"
 T = TypeVar("T")
@@ -43,7 +43,7 @@ CHUNK = 2000  # trajectories built at once (two runs are in memory: one built, t
 
 @dataclass
 class BatchRows:
-    """The rows one build made (polars frames of the KINDS schemas' columns) and what it left out, by reason."""
+    """The rows one build made (polars frames of the SCHEMAS schemas' columns) and what it left out, by reason."""
 
     dpo: pl.DataFrame
     actguide: pl.DataFrame
@@ -125,7 +125,7 @@ class BuildReport:
 
 def _fingerprint(config: DatasetConfig) -> str:
     """What every row depends on besides the inputs: the settings, the rules and the row schemas."""
-    versions = {k: s.metadata[b"schema_version"].decode() for k, s in KINDS.items()}
+    versions = {k: s.metadata[b"schema_version"].decode() for k, s in SCHEMAS.items()}
     key = json.dumps([BUILDER_VERSION, versions, dataclasses.asdict(config)], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -189,7 +189,7 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
         report.built.append(name)
         _write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
     for name in sorted(set(previous) - set(names)):
-        for kind in KINDS:
+        for kind in SCHEMAS:
             shard(out_dir, kind, name).unlink(missing_ok=True)
         report.removed.append(name)
     _write_manifest(out_dir, manifest)
@@ -259,23 +259,23 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
     """Append each part's rows to the batch's shard of each kind (temporary names, renamed at the end);
     a part is written while the next is built. Returns the row counts and the summed leftovers, groups
     and checks."""
-    paths = {kind: shard(out_dir, kind, batch) for kind in KINDS}
+    paths = {kind: shard(out_dir, kind, batch) for kind in SCHEMAS}
     tmps = {kind: _temporary(path) for kind, path in paths.items()}
-    writers = {kind: rows_writer(tmps[kind], schema) for kind, schema in KINDS.items()}
-    rows, dropped, groups, checks, pending = dict.fromkeys(KINDS, 0), {}, {}, {}, []
+    writers = {kind: rows_writer(tmps[kind], schema) for kind, schema in SCHEMAS.items()}
+    rows, dropped, groups, checks, pending = dict.fromkeys(SCHEMAS, 0), {}, {}, {}, []
 
     def append(kind: str, part: BatchRows) -> None:
-        table = rows_table(getattr(part, kind), KINDS[kind])
+        table = rows_table(getattr(part, kind), SCHEMAS[kind])
         if table.num_rows:
             append_rows(writers[kind], table)
 
     try:
-        with ThreadPoolExecutor(len(KINDS)) as pool:  # Arrow encodes and compresses without the GIL
+        with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # Arrow encodes and compresses without the GIL
             for part in parts:
                 for done in pending:
                     done.result()
-                pending = [pool.submit(append, kind, part) for kind in KINDS]
-                for kind in KINDS:
+                pending = [pool.submit(append, kind, part) for kind in SCHEMAS]
+                for kind in SCHEMAS:
                     rows[kind] += getattr(part, kind).height
                 for key, value in part.dropped.items():
                     dropped[key] = dropped.get(key, 0) + value
@@ -311,5 +311,5 @@ def dataset_files(out_dir: str | os.PathLike, kind: str) -> list[str]:
 def read_dataset(out_dir: str | os.PathLike, kind: str, split: str | None = None) -> pl.DataFrame:
     """All rows of one kind (optionally one split), in batch order."""
     files = dataset_files(out_dir, kind)
-    frame = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.from_arrow(KINDS[kind].empty_table())
+    frame = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.from_arrow(SCHEMAS[kind].empty_table())
     return frame if split is None else frame.filter(pl.col("split") == split)

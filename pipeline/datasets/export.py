@@ -29,6 +29,7 @@ from pipeline.datasets.files import write_rows_table
 from pipeline.datasets.splits import combined_split_conflicts, split_column, split_groups
 from pipeline.pictures import draw_text, png
 from pipeline.records import Task
+from pipeline.vocab import NO_GUIDANCE_KIND
 
 Frame = Union[pl.DataFrame, pa.Table]
 CONFIGS = ("dpo", "actguide", "sft", "trajectories", "tasks")
@@ -344,8 +345,8 @@ def recovery_rates(trajectories: pl.DataFrame) -> pl.DataFrame:
     """Per guidance kind (and 'any'): tasks failed unguided and tried under it, how many it resolved."""
     valid = trajectories.filter(pl.col("infra_error").fill_null("") == "")
     per_task = valid.group_by("guidance_kind", "instance_id").agg(pl.col("resolved").any())
-    failed = per_task.filter((pl.col("guidance_kind") == "none") & ~pl.col("resolved")).select("instance_id")
-    guided = per_task.filter(pl.col("guidance_kind") != "none").join(failed, on="instance_id")
+    failed = per_task.filter((pl.col("guidance_kind") == NO_GUIDANCE_KIND) & ~pl.col("resolved")).select("instance_id")
+    guided = per_task.filter(pl.col("guidance_kind") != NO_GUIDANCE_KIND).join(failed, on="instance_id")
     any_kind = guided.group_by("instance_id").agg(pl.col("resolved").any(), guidance_kind=pl.lit("any"))
     return pl.concat([guided, any_kind.select(guided.columns)]).group_by("guidance_kind").agg(
         pl.len().alias("failed_unguided"), pl.col("resolved").sum().alias("recovered"),

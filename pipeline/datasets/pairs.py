@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
 from pipeline.records import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
+from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
 if TYPE_CHECKING:
     from pipeline.datasets.config import DatasetConfig
@@ -63,7 +64,6 @@ action-guided group that did; `trajectories` holds the unguided and the guided a
 'unguided' or 'guided'. `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
 
 PROBE_SUFFIX = "-probes"  # rescue.probe_batch stores the probes of batch B under batch B-probes
-KIND_ORDER = ("plan", "environment_feedback", "environment_interaction", "action")  # teacher.KINDS + action
 ORIGIN_ORDER = ("unguided", "guided", "probe")  # chosen candidates: on-policy successes first
 TASK = ["base_batch", "instance_id"]
 HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs", "prompt_token_ids", "token_ids"]
@@ -139,12 +139,12 @@ def with_task_keys(frame: pl.DataFrame) -> pl.DataFrame:
     """Adds the build batch (probes count under their batch), origin, source and source rank."""
     kind, batch = pl.col("guidance_kind"), pl.col("batch")
     origin = (pl.when(batch.str.ends_with(PROBE_SUFFIX)).then(pl.lit("probe"))
-              .when(kind == "none").then(pl.lit("unguided")).otherwise(pl.lit("guided")))
-    kind_rank = kind.replace_strict(list(KIND_ORDER), list(range(len(KIND_ORDER))), default=len(KIND_ORDER),
+              .when(kind == NO_GUIDANCE_KIND).then(pl.lit("unguided")).otherwise(pl.lit("guided")))
+    kind_rank = kind.replace_strict(list(GUIDANCE_KINDS), list(range(len(GUIDANCE_KINDS))), default=len(GUIDANCE_KINDS),
                                     return_dtype=pl.Int64)
     return frame.with_columns(
         base_batch=batch.str.strip_suffix(PROBE_SUFFIX), origin=origin,
-        source=pl.when(kind == "none").then(pl.lit("unguided")).otherwise("guided:" + kind),
+        source=pl.when(kind == NO_GUIDANCE_KIND).then(pl.lit("unguided")).otherwise("guided:" + kind),
     ).with_columns(source_rank=pl.col("origin").replace_strict(list(ORIGIN_ORDER), [0, 1, 2],
                                                                return_dtype=pl.Int64) * 10 + kind_rank)
 

@@ -15,12 +15,12 @@ from typing import Callable
 
 from pipeline.guidance.expert import expert_actions
 from pipeline.records import Task, Trajectory
+from pipeline.vocab import HINT_HEADER
 
 # ActGuide's own wording (append-hint mode), kept verbatim, typo included, so that prompts
 # match those its models were trained with.
 HINT_INTRO = ("Follow the partial action trajectory hint to take acttions, note that the trajectory may not "
               "complete and you still need do some extra tool calls to finish the task.")
-HINT_HEADER = "Reference action trajectory hint:"
 
 
 def hint_lines(actions: list[dict], k: int) -> str:

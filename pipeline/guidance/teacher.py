@@ -16,16 +16,13 @@ from typing import Protocol
 from pipeline.agent.policy import Policy
 from pipeline.guidance.expert import patch_edits
 from pipeline.records import Task, Trajectory
-
-KINDS = ("plan", "environment_feedback", "environment_interaction")
-
+from pipeline.vocab import TEACHER_KINDS, TeacherKind
 
 @dataclass(frozen=True)
 class TeacherGuidance:
     """One piece of guidance for one task."""
 
-    kind: str
-    """'plan', 'environment_feedback' or 'environment_interaction'."""
+    kind: TeacherKind
     text: str
     files: tuple[str, ...] = ()
     functions: tuple[str, ...] = ()
@@ -185,9 +182,9 @@ def parse_teacher_answer(text: str, teacher: str, item: str) -> list[TeacherGuid
         data = json.loads(match.group(0)) if match else None
     except json.JSONDecodeError:
         data = None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data[k].strip() for k in KINDS):
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data[k].strip() for k in TEACHER_KINDS):
         raise TeacherError(f"{item}: the teacher's answer is not a JSON object with non-empty "
-                           f"{', '.join(KINDS)}; got: {text[:300]!r}")
+                           f"{', '.join(TEACHER_KINDS)}; got: {text[:300]!r}")
     found_files = tuple(str(f) for f in data.get("files") or [])
     found_funcs = tuple(str(f) for f in data.get("functions") or [])
-    return [TeacherGuidance(k, data[k], found_files, found_funcs, teacher) for k in KINDS]
+    return [TeacherGuidance(k, data[k], found_files, found_funcs, teacher) for k in TEACHER_KINDS]

@@ -32,7 +32,7 @@ from pipeline.sources.harness_specs import (SWE_GYM_NAMESPACE, SWE_GYM_REPOS, ev
 log = logging.getLogger(__name__)
 
 Kind = Literal["swe-bench", "swe-bench-verified", "swe-gym", "swe-smith"]
-KINDS: tuple[str, ...] = get_args(Kind)
+SOURCE_KINDS: tuple[str, ...] = get_args(Kind)
 REJECT_STAGE = "load"
 WORKDIR = "/testbed"
 DEFAULT_TEST_CMD = "pytest -rA"
@@ -91,8 +91,8 @@ def load_tasks(
 
 def load_tasks_from_config(config: SweDatasetConfig) -> tuple[list[Task], list[RejectedTask]]:
     """Tasks for `config`, and a RejectedTask for each bad row or requested id not found."""
-    if config.kind not in ("auto", *KINDS):
-        raise ValueError(f"kind {config.kind!r} is not one of {('auto', *KINDS)}; pass one of them")
+    if config.kind not in ("auto", *SOURCE_KINDS):
+        raise ValueError(f"kind {config.kind!r} is not one of {('auto', *SOURCE_KINDS)}; pass one of them")
     decontam.check_settings(config.decontaminate, config.eval_benchmarks)
     rows = _selected_rows(config)
     tasks: dict[str, Task] = {}

@@ -18,7 +18,7 @@ from itertools import zip_longest
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from pipeline.synthesis.mutators import KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
+from pipeline.synthesis.mutators import MUTATION_KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
 from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, splice
 
 ALLOWED_DUNDERS = frozenset(
@@ -39,7 +39,7 @@ class BugCandidate:
     function: str
     """Qualified name, e.g. 'Class.method'."""
     kind: str
-    """A mutation kind from `KINDS`."""
+    """A mutation kind from `MUTATION_KINDS`."""
     lineno: int
     """1-based line of the mutated node in the original file."""
     original_source: str
@@ -163,7 +163,7 @@ def _sampling_order(sites: list[_Site], seed: int) -> list[_Site]:
     """Sites interleaved so kinds alternate, and within a kind files and functions alternate."""
     rng = random.Random(seed)
     per_kind = []
-    for kind_sites in _grouped(sorted(sites, key=lambda s: KINDS.index(s.kind)), lambda s: s.kind):
+    for kind_sites in _grouped(sorted(sites, key=lambda s: MUTATION_KINDS.index(s.kind)), lambda s: s.kind):
         per_file = []
         for file_sites in _grouped(kind_sites, lambda s: s.file):
             per_function = _grouped(file_sites, lambda s: (s.function, s.func_path))
@@ -244,12 +244,12 @@ def collect_candidates(
     limit: int | None = None,
 ) -> tuple[list[BugCandidate], CandidateStats]:
     """Bug candidates from the repository's source files, and counts of what was tried."""
-    unknown = set(kinds or ()) - set(KINDS)
+    unknown = set(kinds or ()) - set(MUTATION_KINDS)
     if unknown:
-        raise ValueError(f"unknown mutation kinds {sorted(unknown)}; choose from {list(KINDS)}")
+        raise ValueError(f"unknown mutation kinds {sorted(unknown)}; choose from {list(MUTATION_KINDS)}")
     if max_per_function < 1:
         raise ValueError(f"max_per_function must be at least 1, got {max_per_function}")
-    chosen = [kind for kind in KINDS if kinds is None or kind in kinds]
+    chosen = [kind for kind in MUTATION_KINDS if kinds is None or kind in kinds]
     stats = CandidateStats()
     modules: dict[str, _Module] = {}
     sites: list[_Site] = []

@@ -206,5 +206,5 @@ MUTATORS: tuple[Mutator, ...] = (
         else [ast.AugAssign(n.target, OPERATOR_CHANGE[type(n.op)](), n.value)],
     ),
 )
-KINDS: tuple[str, ...] = tuple(m.kind for m in MUTATORS)
+MUTATION_KINDS: tuple[str, ...] = tuple(m.kind for m in MUTATORS)
 MUTATORS_BY_KIND = {m.kind: m for m in MUTATORS}

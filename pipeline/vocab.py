@@ -1,0 +1,21 @@
+"""The words the pipeline shares, each declared once: a Literal type (what settings validate against and
+what the code is typed with) and its values in order."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+TeacherKind = Literal["plan", "environment_feedback", "environment_interaction"]
+"""Guidance a teacher writes (Agent-RLVR): a plan, feedback on the environment, hints on interacting with it."""
+GuidanceKind = Literal[TeacherKind, "action"]
+"""Every guidance kind: the teacher's, then a prefix of reference actions (ActGuide-RL)."""
+DatasetKind = Literal["dpo", "actguide", "sft"]
+"""The datasets built from trajectories, each a config of the exported dataset."""
+
+TEACHER_KINDS: tuple[TeacherKind, ...] = get_args(TeacherKind)
+GUIDANCE_KINDS: tuple[GuidanceKind, ...] = get_args(GuidanceKind)
+DATASET_KINDS: tuple[DatasetKind, ...] = get_args(DatasetKind)
+NO_GUIDANCE_KIND = "none"
+"""The guidance_kind of an attempt made without guidance."""
+HINT_HEADER = "Reference action trajectory hint:"
+"""The line that opens the reference actions in an action-guided prompt (the heuristic policy reads them)."""
