@@ -2,7 +2,6 @@
 Hugging Face dataset folder, and its publication on the Hub; with the checks that must hold first."""
 
 import os
-from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
@@ -18,22 +17,14 @@ from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables
 from pipeline.pictures import bar_chart_png, markdown_image
-from pipeline.records import TASK_SCHEMA, Task
-from pipeline.store import read_records
 from pipeline.vocab import DATASET_KINDS
 
 PREVIEW_ROWS = 5
 
 
-def _tasks(settings: HandholdSettings) -> list[Task]:
-    return [Task.from_row(r) for r in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA,
-                                                   produced_by="tasks")]
-
-
 def _trajectories(settings: HandholdSettings) -> pl.DataFrame:
     """Every stored unguided and guided attempt of every batch (the compacted files)."""
-    files = sorted(settings.path("trajectories").glob("*/*/trajectories.parquet"))
-    files = [f for f in files if f.parent.parent.name in ("unguided", "guided")]
+    files = settings.layout().trajectory_files()
     return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed") if files else pl.DataFrame()
 
 
@@ -59,10 +50,11 @@ def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
 def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSettings) -> Iterator[dg.MaterializeResult]:
     """Build every batch's rows that are missing or stale (incremental), then report each dataset."""
     config = settings.resolved().datasets
-    tasks = _tasks(settings)
+    layout = settings.layout()
+    tasks = layout.read_tasks()
     gold = {t.instance_id: t.patch for t in tasks}
-    out = settings.path("datasets", "rows")
-    report = update_datasets(settings.path(), out, config, gold, split_groups(tasks))
+    out = layout.dataset_rows()
+    report = update_datasets(layout.root, out, config, gold, split_groups(tasks))
     for skipped in report.skipped_files:
         context.log.warning(f"skipped {skipped}")
     for kind in DATASET_KINDS:
@@ -80,7 +72,7 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
 
 @dg.asset_check(asset="dpo_dataset", blocking=True, description="No DPO row holds any guidance text.")
 def dpo_rows_hold_no_guidance(settings: HandholdSettings) -> dg.AssetCheckResult:
-    rows, trajectories = read_dataset(settings.path("datasets", "rows"), "dpo"), _trajectories(settings)
+    rows, trajectories = read_dataset(settings.layout().dataset_rows(), "dpo"), _trajectories(settings)
     texts = [t for t in trajectories["guidance_text"].unique().to_list() if t] if trajectories.height else []
     leaks: list[int] = []
     if rows.height:
@@ -95,7 +87,7 @@ def dpo_rows_hold_no_guidance(settings: HandholdSettings) -> dg.AssetCheckResult
 @dg.asset_check(asset="dpo_dataset", blocking=True,
                 description="No chosen DPO or SFT completion of a guided attempt refers to its guidance.")
 def chosen_rows_never_refer_to_guidance(settings: HandholdSettings) -> dg.AssetCheckResult:
-    out, trajectories = settings.path("datasets", "rows"), _trajectories(settings)
+    out, trajectories = settings.layout().dataset_rows(), _trajectories(settings)
     found = {kind: rows_referring_to_guidance(read_dataset(out, kind), trajectories) for kind in ("dpo", "sft")}
     return dg.AssetCheckResult(passed=not any(found.values()), metadata={
         f"{kind}_referring_rollouts": ids[:20] for kind, ids in found.items()})
@@ -105,7 +97,7 @@ def chosen_rows_never_refer_to_guidance(settings: HandholdSettings) -> dg.AssetC
 def no_infra_error_attempts(settings: HandholdSettings) -> dg.AssetCheckResult:
     trajectories = _trajectories(settings)
     bad = set(trajectories.filter(pl.col("infra_error") != "")["rollout_id"].to_list()) if trajectories.height else set()
-    out, used = settings.path("datasets", "rows"), set()
+    out, used = settings.layout().dataset_rows(), set()
     dpo, sft = read_dataset(out, "dpo"), read_dataset(out, "sft")
     used |= set(dpo["chosen_rollout_id"].to_list()) | set(dpo["rejected_rollout_id"].to_list())
     used |= set(sft["rollout_id"].to_list())
@@ -114,7 +106,7 @@ def no_infra_error_attempts(settings: HandholdSettings) -> dg.AssetCheckResult:
 
 
 def _split_overlap(settings: HandholdSettings) -> dict[str, list[str]]:
-    out = settings.path("datasets", "rows")
+    out = settings.layout().dataset_rows()
     overlap = {}
     for kind in DATASET_KINDS:
         rows = read_dataset(out, kind)
@@ -130,10 +122,10 @@ def splits_are_disjoint_by_task(settings: HandholdSettings) -> dg.AssetCheckResu
 
 
 def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
-    out = settings.path("datasets", "rows")
+    out = settings.layout().dataset_rows()
     tables = {kind: read_dataset(out, kind) for kind in DATASET_KINDS}
     tables["trajectories"] = _trajectories(settings)
-    tables["tasks"] = pl.read_parquet(settings.path("tasks", "tasks.parquet"))
+    tables["tasks"] = pl.from_arrow(settings.layout().tasks_table())
     return tables
 
 
@@ -141,12 +133,12 @@ def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
 def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram."""
     config, batch = settings.resolved(), settings.batch_name(context)
-    plans = [pl.read_parquet(f) for f in sorted(settings.path("guidance").glob("*/guidance.parquet"))]
-    folder = settings.path("datasets", "hf")
-    tables, moved = split_by_task(_export_tables(settings), _tasks(settings), config.datasets.test_fraction)
+    plans = [pl.read_parquet(f) for f in settings.layout().guidance_files()]
+    folder = settings.layout().export()
+    tables, moved = split_by_task(_export_tables(settings), settings.layout().read_tasks(), config.datasets.test_fraction)
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
-                                     checks=manifest_checks(read_manifest(settings.path("datasets", "rows")))),
+                                     checks=manifest_checks(read_manifest(settings.layout().dataset_rows()))),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []
@@ -181,7 +173,7 @@ def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSetting
         why = "no publish.repo_id is set" if not config.repo_id else "no Hub token (HF_TOKEN) is set"
         context.log.info(f"publication skipped: {why}")
         return dg.MaterializeResult(metadata={"published": False, "skipped": why})
-    result = publish_dataset(Path(settings.path("datasets", "hf")), config, run_id=batch, token=token)
+    result = publish_dataset(settings.layout().export(), config, run_id=batch, token=token)
     return dg.MaterializeResult(metadata={
         "published": not result.dry_run, "repo_id": result.repo_id, "revision": result.revision,
         "private": result.private, "files": len(result.files), "bytes": result.total_bytes,

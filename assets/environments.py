@@ -46,15 +46,15 @@ def each_package(context, settings: HandholdSettings, make) -> tuple[dict, dict]
 @dg.asset(group_name="environments", kinds={"python"})
 def task_sources(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """Package sources (sdists as git repos) and, when configured, SWE-bench-format dataset rows."""
-    cache, config = settings.path("cache"), settings.resolved()
+    layout, config = settings.layout(), settings.resolved()
+    cache = layout.cache()
     roots, failed = each_package(context, settings, lambda spec: str(fetch_source(spec, cache)))
     sources = config.sources
     rows, rejects = (load_tasks(sources.dataset, split=sources.dataset_split, limit=sources.dataset_limit or None,
                                 decontaminate=sources.decontaminate, eval_benchmarks=sources.eval_benchmarks)
                      if sources.dataset else ([], []))
-    write_rows(settings.path("sources", "dataset_tasks.parquet"), [t.to_row() for t in rows], TASK_SCHEMA)
-    write_rows(settings.path("sources", "dataset_rejects.parquet"), [dataclasses.asdict(r) for r in rejects],
-               REJECT_SCHEMA)
+    write_rows(layout.dataset_tasks(), [t.to_row() for t in rows], TASK_SCHEMA)
+    write_rows(layout.dataset_rejects(), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
     return dg.MaterializeResult(metadata={
         "packages": roots, "packages_failed": failed, "dataset": sources.dataset or "(none)",
         "dataset_rows": len(rows), "dataset_rejects": len(rejects),
@@ -64,7 +64,7 @@ def task_sources(context: dg.AssetExecutionContext, settings: HandholdSettings) 
 @dg.asset(group_name="environments", kinds={"docker"}, deps=[sandbox_base_image, task_sources])
 def environment_images(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """One image per package version, its package installed editable with test dependencies."""
-    client, cache, config = docker_client(), settings.path("cache"), settings.resolved()
+    client, cache, config = docker_client(), settings.layout().cache(), settings.resolved()
     tags, failed = each_package(context, settings,
                                 lambda spec: build_environment_image(spec, config.base_image.tag, cache, client))
     return dg.MaterializeResult(metadata={"images": tags, "count": len(tags), "packages_failed": failed})
@@ -74,7 +74,7 @@ def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int) ->
     """The validated tasks of every dataset source added so far, the rows this run set aside, and how many
     rows it validated. A source's rows are validated once (keyed by their content) and kept under
     data/tasks/sources/, so a new source adds its tasks without re-validating or dropping the others."""
-    store = settings.path("tasks", "sources")
+    store = settings.layout().source_store()
     store.mkdir(exist_ok=True)
     rejects, validated = [], 0
     if rows:
@@ -94,21 +94,19 @@ def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int) ->
 def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
           credentials: Credentials) -> dg.MaterializeResult:
     """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
-    config = settings.resolved()
+    config, layout = settings.resolved(), settings.layout()
     writer = teacher_client(config.guidance, credentials.key("teacher"))  # writes problem statements, if an LLM
-    synthesized, report = synthesize(config.synth, config.base_image.tag, settings.path("cache"), docker_client(),
+    synthesized, report = synthesize(config.synth, config.base_image.tag, layout.cache(), docker_client(),
                                      statement_writer=writer)
     synthesized, overlapping = decontaminate(synthesized, config.sources.decontaminate, config.sources.eval_benchmarks)
-    dataset_rows = [Task.from_row(r) for r in read_records(settings.path("sources", "dataset_tasks.parquet"),
-                                                           TASK_SCHEMA, produced_by="task_sources")]
-    checked, dataset_rejects, validated = dataset_tasks(settings, dataset_rows, config.synth.workers)
+    checked, dataset_rejects, validated = dataset_tasks(settings, layout.read_dataset_tasks(), config.synth.workers)
     all_tasks, rejects = synthesized + checked, report.rejects + overlapping + dataset_rejects
-    path = write_rows(settings.path("tasks", "tasks.parquet"), [t.to_row() for t in all_tasks], TASK_SCHEMA)
-    write_rows(settings.path("tasks", "rejects.parquet"), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
+    path = write_rows(layout.tasks(), [t.to_row() for t in all_tasks], TASK_SCHEMA)
+    write_rows(layout.task_rejects(), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
     for reject in rejects:
         context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
     stats = report.as_json()
-    settings.path("tasks", "synth_report.json").write_text(json.dumps(stats, indent=1))
+    layout.synth_report().write_text(json.dumps(stats, indent=1))
     return dg.MaterializeResult(metadata={
         "path": str(path), "tasks": len(all_tasks), "dataset_tasks": len(checked), "dataset_rows_validated": validated,
         "rejected": len(rejects), "synth_seconds": stats["seconds"],

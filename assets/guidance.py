@@ -5,13 +5,12 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
-from assets.rollouts import stored_tasks
 from pipeline.invariants import batch_invariants, reference_checks
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Trajectory
+from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
 from pipeline.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
     make_teacher, recovery, teacher_plans
 from pipeline.rollouts import run_batch
-from pipeline.store import read_batch, read_records, write_rows
+from pipeline.store import read_batch, write_rows
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",
@@ -20,23 +19,19 @@ from pipeline.store import read_batch, read_records, write_rows
 def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
              credentials: Credentials) -> dg.MaterializeResult:
     """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
-    config, batch = settings.resolved().guidance, settings.batch_name(context)
-    unguided = [Trajectory.from_row(r) for r in read_records(
-        settings.path("trajectories", "unguided", batch, "trajectories.parquet"), TRAJECTORY_SCHEMA,
-        produced_by="unguided_rollouts", batch=batch)]
-    tasks = {t.instance_id: t for t in stored_tasks(settings)}
+    config, batch, layout = settings.resolved().guidance, settings.batch_name(context), settings.layout()
+    unguided = layout.read_trajectories("unguided", batch)
+    tasks = {t.instance_id: t for t in layout.read_tasks()}
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
     plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
         plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], make_policy(settings, credentials),
-                              settings.resolved().rollout, config, settings.path("trajectories", "probes", batch), batch)
-    path = write_rows(settings.path("guidance", batch, "guidance.parquet"),
-                      [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
+                              settings.resolved().rollout, config, layout.trajectories("probes", batch), batch)
+    path = write_rows(layout.guidance(batch), [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
     for p in plans:
         if not p.accepted:
             context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
-    probe_dir = settings.path("trajectories", "probes", batch)
-    probes = [t for folder in sorted(probe_dir.glob("*/")) for t in read_batch(folder)]
+    probes = [t for folder in sorted(layout.trajectories("probes", batch).glob("*/")) for t in read_batch(folder)]
     return dg.MaterializeResult(metadata={
         **reference_checks(plans, probes, tasks),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
@@ -51,13 +46,12 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
 def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                     credentials: Credentials) -> dg.MaterializeResult:
     """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
-    batch = settings.batch_name(context)
-    plans = [GuidancePlan.from_row(r) for r in read_records(settings.path("guidance", batch, "guidance.parquet"),
-                                                             GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch=batch)]
-    tasks = {t.instance_id: t for t in stored_tasks(settings)}
+    batch, layout = settings.batch_name(context), settings.layout()
+    plans = layout.read_plans(batch)
+    tasks = {t.instance_id: t for t in layout.read_tasks()}
     policy, config = make_policy(settings, credentials), settings.resolved().rollout
     jobs = guided_jobs(tasks, guided_guidance(plans), policy, config, batch)
-    out = settings.path("trajectories", "guided", batch)
+    out = layout.trajectories("guided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
     invariants = batch_invariants(guided, tasks)

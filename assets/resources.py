@@ -18,6 +18,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field, create_model
 
+from pipeline.layout import Layout
 from pipeline.settings import HandholdConfig, default_of, field_docs, field_types, from_mapping
 
 
@@ -66,10 +67,9 @@ class _Settings(dg.ConfigurableResource):
         """The settings as the pipeline's own config tree."""
         return from_mapping(HandholdConfig, plain(self), "the settings resource")
 
-    def path(self, *parts: str) -> Path:
-        out = Path(self.data_dir).resolve().joinpath(*parts)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return out
+    def layout(self) -> Layout:
+        """The data folder: every path a stage writes or reads (pipeline/layout.py)."""
+        return Layout(Path(self.data_dir))
 
     def batch_name(self, context) -> str:
         """The run's batch partition; else `batch`; else the UTC date the run was created (the same for

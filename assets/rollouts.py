@@ -8,22 +8,14 @@ import polars as pl
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
-from pipeline.records import TASK_SCHEMA, Task
 from pipeline.invariants import batch_invariants
+from pipeline.records import Task
 from pipeline.rollouts import plan_jobs, run_batch
-from pipeline.store import read_records
-
-
-def stored_tasks(settings: HandholdSettings) -> list[Task]:
-    """Every validated task, in stored order."""
-    return [Task.from_row(r) for r in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA,
-                                                   produced_by="tasks")]
 
 
 def attempted_elsewhere(settings: HandholdSettings, policy: str, batch: str) -> set[str]:
     """Tasks `policy` already attempted unguided in another batch."""
-    files = [f for f in settings.path("trajectories", "unguided").glob("*/trajectories.parquet")
-             if f.parent.name != batch]
+    files = [f for f in settings.layout().trajectory_files("unguided") if f.parent.name != batch]
     if not files:
         return set()
     seen = pl.concat([pl.read_parquet(f, columns=["instance_id", "policy"]) for f in files])
@@ -35,7 +27,7 @@ def rollout_tasks(settings: HandholdSettings, policy: str, batch: str) -> list[T
     tasks), repositories interleaved, cut to `rollout_tasks`."""
     done = attempted_elsewhere(settings, policy, batch)
     by_repo: dict[str, list[Task]] = {}
-    for task in stored_tasks(settings):
+    for task in settings.layout().read_tasks():
         by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
     tasks.sort(key=lambda t: t.instance_id in done)  # stable: the interleaved order kept within each part
@@ -52,7 +44,7 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
     policy, config, batch = make_policy(settings, credentials), settings.resolved().rollout, settings.batch_name(context)
     tasks = rollout_tasks(settings, policy.name, batch)
     jobs = plan_jobs(tasks, policy, config, batch)
-    out = settings.path("trajectories", "unguided", batch)
+    out = settings.layout().trajectories("unguided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
     metrics = summary.metrics()
     invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks})

@@ -13,8 +13,6 @@ import dagster as dg
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
 from pipeline.pictures import markdown_image
-from pipeline.records import TASK_SCHEMA, Task
-from pipeline.store import read_records
 from training.common import read_run, starting_model
 from training.launch import launch
 
@@ -25,7 +23,7 @@ HEADLINE = ("steps", "rows", "rows_trained", "trajectories", "guided_trajectorie
 
 
 def run_dir(settings: HandholdSettings, context, stage: str) -> Path:
-    return settings.path("models", stage, settings.batch_name(context))
+    return settings.layout().training_run(stage, settings.batch_name(context))
 
 
 def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, stage: str) -> dg.MaterializeResult:
@@ -34,9 +32,10 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
     stage_config = getattr(config, stage)
     if not stage_config.enabled:
         return dg.MaterializeResult(metadata={"skipped": f"training.{stage}.enabled is false"})
-    model = starting_model(config.model, settings.path())
-    dataset, out = settings.path("datasets", "hf"), run_dir(settings, context, stage)
-    reported = launch(context, config, stage, model, dataset, out, settings.path())
+    layout = settings.layout()
+    model = starting_model(config.model, layout)
+    dataset, out = layout.export(), run_dir(settings, context, stage)
+    reported = launch(context, config, stage, model, dataset, out, layout.root)
     summary, metrics = read_run(out)
     last = metrics[-5:]
     columns = sorted({k for row in last for k in row if isinstance(row[k], float)})
@@ -87,15 +86,15 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     if not evaluation.enabled:
         return dg.MaterializeResult(metadata={"skipped": "training.evaluation.enabled is false"})
     rollout = evaluation_rollouts(config.rollout, evaluation)  # refuses several greedy attempts before any run
-    tasks = [Task.from_row(r) for r in read_records(settings.path("tasks", "tasks.parquet"), TASK_SCHEMA,
-                                                   produced_by="tasks")]
+    layout = settings.layout()
+    tasks = layout.read_tasks()
     held_out = held_out_tasks(tasks, config.datasets.test_fraction, evaluation.tasks)
     if not held_out:
         reason = (f"none of {len(tasks)} tasks is in the test split (datasets.test_fraction="
                   f"{config.datasets.test_fraction}): nothing to evaluate on; raise it or add tasks")
         context.log.warning(reason)
         return dg.MaterializeResult(metadata={"skipped": reason, "held_out_tasks": 0})
-    models = {"starting": starting_model(config.training.model, settings.path())}
+    models = {"starting": starting_model(config.training.model, layout)}
     for stage in STAGES:
         checkpoint = run_dir(settings, context, stage) / "checkpoint"
         if getattr(config.training, stage).enabled and checkpoint.exists():
@@ -104,7 +103,7 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     results = []
     for label, path in models.items():
         policy = evaluation_policy(label, path, evaluation, credentials)
-        result = evaluate(label, policy, held_out, rollout, settings.path("evaluation", batch, label), batch,
+        result = evaluate(label, policy, held_out, rollout, layout.evaluation(batch, label), batch,
                           progress=context.log.info)
         identity = model_identity(path)  # after the run: a Hub model is in the cache by now
         served = {"served_at": evaluation.base_url} if evaluation.base_url else {}  # what it serves is its word
@@ -112,7 +111,7 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     report = {"tasks": task_batch(held_out), "test_fraction": config.datasets.test_fraction,
               "attempts_per_task": evaluation.attempts, "temperature": evaluation.temperature,
               "interval": INTERVAL, "results": results}
-    out = settings.path("evaluation", batch, "pass_at_1.json")
+    out = layout.pass_at_1(batch)
     out.write_text(json.dumps(report, indent=2))
     return dg.MaterializeResult(metadata={
         "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"],

@@ -147,11 +147,12 @@ def whole_build(data: Path, out: Path, gold: dict[str, str]) -> None:
     """Each batch read whole and built at once (no runs, no streaming), written as the build writes."""
     from pipeline.datasets.build import SCHEMAS, SEEN_KEYS, build_rows, rows_table
     from pipeline.datasets.config import DatasetConfig
-    from pipeline.datasets.files import batch_names, read_trajectories, trajectory_files, write_rows_table
+    from pipeline.datasets.files import read_trajectories, write_rows_table
+    from pipeline.layout import Layout
 
     config, seen = DatasetConfig(), {}
-    for batch in batch_names(data):
-        built = build_rows(read_trajectories(trajectory_files(data, batch))[0], config, gold, seen)
+    for batch in Layout(data).batch_names():
+        built = build_rows(read_trajectories(Layout(data).batch_files(batch))[0], config, gold, seen)
         for kind, schema in SCHEMAS.items():
             (out / kind).mkdir(parents=True, exist_ok=True)
             write_rows_table(rows_table(getattr(built, kind), schema), out / kind / f"{batch}.parquet")
@@ -172,11 +173,12 @@ def since(start: tuple[float, float]) -> tuple[float, float]:
 def io_floor(data: Path, out: Path) -> tuple[float, float]:
     """(wall, CPU) seconds any build spends on I/O: reading the inputs' used columns and writing the same
     output tables (those in `out`, read beforehand, untimed) with the settings the shards are written with."""
-    from pipeline.datasets.files import batch_names, read_trajectories, trajectory_files, write_rows_table
+    from pipeline.datasets.files import read_trajectories, write_rows_table
+    from pipeline.layout import Layout
 
     start = clock()
-    for batch in batch_names(data):
-        read_trajectories(trajectory_files(data, batch))
+    for batch in Layout(data).batch_names():
+        read_trajectories(Layout(data).batch_files(batch))
     spent = since(start)
     for path in sorted(out.rglob("*.parquet")):
         table = pq.read_table(path)

@@ -19,6 +19,7 @@ from pipeline.guidance.actions import action_hint, linear_prefix, load_action_fi
 from pipeline.guidance.references import hint_leaks_gold
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, Teacher, flag_leaks
 # Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
+from pipeline.layout import probe_batch
 from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
@@ -147,11 +148,6 @@ def _action_plan(task: Task, successes: list[Trajectory], imported: dict[str, li
                         action_source=source, K=found.K, k_star=found.k_star, found=found.found,
                         search_steps=found.steps, probes=found.probes,
                         linear_k=linear.k_star if linear else -1, linear_probes=linear.probes if linear else 0)
-
-
-def probe_batch(batch: str) -> str:
-    """The batch name probes of `batch` are stored (and their rollout_ids made) under."""
-    return f"{batch}-probes"
 
 
 def probe_job(task: Task, actions: list[dict], k: int, i: int, policy: Policy, rollout: RolloutConfig,

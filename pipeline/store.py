@@ -47,7 +47,12 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def read_records(path: str | os.PathLike, schema: pa.Schema, produced_by: str = "", batch: str = ""
                  ) -> list[dict[str, Any]]:
-    """Rows of a file written under `schema`; one clear error when it is missing or holds another contract.
+    """Rows of a file written under `schema` (see read_table)."""
+    return read_table(path, schema, produced_by, batch).to_pylist()
+
+
+def read_table(path: str | os.PathLike, schema: pa.Schema, produced_by: str = "", batch: str = "") -> pa.Table:
+    """A file written under `schema`; one clear error when it is missing or holds another contract.
 
     `produced_by` names the Dagster asset that writes the file and `batch` its partition, so that
     the error says what to rematerialize.
@@ -61,7 +66,7 @@ def read_records(path: str | os.PathLike, schema: pa.Schema, produced_by: str = 
     if contract_problem:
         fix = f"rematerialize {produced_by}{where}" if produced_by else "rewrite it with this version"
         raise RecordContractError(f"{path} {contract_problem}: {fix}")
-    return pq.read_table(path).to_pylist()
+    return pq.read_table(path)
 
 
 def check_contract(found: pa.Schema, expected: pa.Schema) -> str:

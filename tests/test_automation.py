@@ -139,11 +139,11 @@ def test_a_new_batch_takes_the_tasks_its_policy_has_not_attempted_first(tmp_path
     settings = HandholdSettings(data_dir=str(tmp_path), rollout_tasks=3)
     rows = [dataclasses.replace(TASK, instance_id=f"{repo}-{i}", repo=repo).to_row()
             for i in range(3) for repo in ("a/x", "b/y")]
-    write_rows(settings.path("tasks", "tasks.parquet"), rows, TASK_SCHEMA)
+    write_rows(settings.layout().tasks(), rows, TASK_SCHEMA)
     assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b1")] == ["a/x-0", "b/y-0", "a/x-1"]
     old = [traj("r1", iid="a/x-0", batch="b0", policy="heuristic").to_row(),
            traj("r2", iid="b/y-0", batch="b0", policy="other").to_row()]
-    write_rows(settings.path("trajectories", "unguided", "b0", "trajectories.parquet"), old, TRAJECTORY_SCHEMA)
+    write_rows(settings.layout().trajectory_file("unguided", "b0"), old, TRAJECTORY_SCHEMA)
     assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b1")] == ["b/y-0", "a/x-1", "b/y-1"]
     assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b0")] == ["a/x-0", "b/y-0", "a/x-1"]
 

@@ -17,9 +17,10 @@ from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SCHEMAS, SFT_SCHEMA,
                                GuidanceLeakError, arguments_as_objects, build_rows, dataset_files, read_dataset,
                                task_split, update_datasets)
 from pipeline.datasets import build
-from pipeline.datasets.build import batch_names, read_trajectories, trajectory_files
+from pipeline.datasets.build import read_trajectories
 from pipeline.datasets.pairs import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
+from pipeline.layout import Layout
 from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Action, Trajectory, record_schema
 from pipeline.store import write_rows
 
@@ -354,7 +355,7 @@ def test_a_batch_built_a_few_tasks_at_a_time_equals_one_build(tmp_path, monkeypa
                                    for i in range(20) for s in range(3)]
     store_batch(tmp_path / "data", "b1", attempts)
     monkeypatch.setattr(build, "CHUNK", 4)  # many runs of about 4 trajectories
-    frame, _ = read_trajectories(trajectory_files(tmp_path / "data", "b1"))
+    frame, _ = read_trajectories(Layout(tmp_path / "data").batch_files("b1"))
     assert len(build.task_chunks(frame)) > 10
     report = update_datasets(tmp_path / "data", tmp_path / "out", DatasetConfig())
     whole = build_rows(frame, DatasetConfig())
@@ -432,8 +433,8 @@ def check_rows_against_stored_attempts(data: Path) -> int:
     checked = 0
     gold_path = data / "tasks" / "tasks.parquet"
     gold = dict(pl.read_parquet(gold_path).select("instance_id", "patch").iter_rows()) if gold_path.exists() else {}
-    for batch in batch_names(data):
-        files = trajectory_files(data, batch)
+    for batch in Layout(data).batch_names():
+        files = Layout(data).batch_files(batch)
         frame, skipped = read_trajectories(files)
         stored = {r["rollout_id"]: Trajectory.from_row(r) for f in files for r in pq.read_table(f).to_pylist()}
         assert skipped == []

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
 from pipeline.datasets import build, files
 from pipeline.datasets.export import CardInfo, as_arrow, export_dataset
-from pipeline.datasets.files import DICTIONARY, TaskRuns, instance_ids, read_trajectories, trajectory_files
+from pipeline.datasets.files import DICTIONARY, TaskRuns, instance_ids, read_trajectories
+from pipeline.layout import Layout
 from pipeline.records import TRAJECTORY_SCHEMA
 from pipeline.store import write_rows
 from tests.test_datasets_build import TASK_T1, store_batch, traj
@@ -42,7 +43,7 @@ def test_shards_are_zstd_in_bounded_row_groups_with_dictionaries_only_for_repeat
     meta = pq.ParquetFile(shard).metadata
     assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
     assert dictionary_columns(shard) == {"tools", "instance_id", "split", "batch", "chosen_source"} <= set(DICTIONARY)
-    frame, _ = read_trajectories(trajectory_files(tmp_path / "data", "b1"))
+    frame, _ = read_trajectories(Layout(tmp_path / "data").batch_files("b1"))
     assert read_dataset(tmp_path / "out", "dpo").equals(
         pl.from_arrow(build.rows_table(build_rows(frame, DatasetConfig()).dpo, build.SCHEMAS["dpo"])))
 
@@ -70,7 +71,7 @@ def shuffled_batch(data: Path) -> list[Path]:
     store_batch(data, "b1", attempts)
     shard = data / "trajectories" / "unguided" / "b1" / "shards" / "u0.parquet"
     write_rows(shard, [traj("u0", batch="b1", sample=0, tag="again").to_row()], TRAJECTORY_SCHEMA)
-    return trajectory_files(data, "b1")
+    return Layout(data).batch_files("b1")
 
 
 def test_each_run_gets_the_rows_a_whole_read_would_give_it_in_order(tmp_path, monkeypatch):
@@ -88,7 +89,7 @@ def test_each_run_gets_the_rows_a_whole_read_would_give_it_in_order(tmp_path, mo
 def test_files_in_name_order_hold_back_at_most_one_read(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "READ_ROWS", 4)
     store_batch(tmp_path, "b1", MANY)
-    paths = trajectory_files(tmp_path, "b1")
+    paths = Layout(tmp_path).batch_files("b1")
     ids, _ = instance_ids(paths)
     runs = build.task_chunks(pl.DataFrame({"instance_id": pl.concat(list(ids.values()))}), 6)
     stream = TaskRuns(ids, runs)

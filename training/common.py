@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.layout import Layout
 from pipeline.pictures import line_chart_png
 from training.tiny_model import build_tiny_model
 
@@ -51,9 +52,9 @@ def read_split(dataset_folder: str | Path, config: str, split: str = "train"):
     return rows
 
 
-def starting_model(model: str, data_dir: str | Path) -> str:
-    """`model`, or the tiny offline model built (once) under `data_dir/models/tiny`."""
-    return model or str(build_tiny_model(Path(data_dir) / "models" / "tiny"))
+def starting_model(model: str, layout: Layout) -> str:
+    """`model`, or the tiny offline model built (once) in the data folder (`layout.tiny_model()`)."""
+    return model or str(build_tiny_model(layout.tiny_model()))
 
 
 def load_model(path: str, precision: str):

@@ -24,13 +24,14 @@ from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 import polars as pl
 import pyarrow as pa
 
-from pipeline.datasets.files import (BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, batch_names, instance_ids,
-                                     read_trajectories, rows_writer, trajectory_files)
-from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, PROBE_SUFFIX, SFT_SCHEMA, actguide_rows, candidates,
+from pipeline.datasets.files import (BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids,
+                                     read_trajectories, rows_writer)
+from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA, actguide_rows, candidates,
                                      dpo_rows, prepare, sft_rows)
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.guided import guided_checks
 from pipeline.datasets.splits import Counter, token_counter
+from pipeline.layout import PROBE_SUFFIX, Layout
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
 
 BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
@@ -175,9 +176,10 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
     old = previous if manifest.get("fingerprint") == fingerprint else {}  # other settings: rebuild all
     manifest = {"fingerprint": fingerprint, "config": dataclasses.asdict(config), "token_counter": counter_name,
                 "batches": {}}
-    report, names = BuildReport(token_counter=counter_name), batch_names(data_dir)
+    layout = Layout(data_dir)
+    report, names = BuildReport(token_counter=counter_name), layout.batch_names()
     for i, name in enumerate(names):
-        files = trajectory_files(data_dir, name, config.include_probes)
+        files = layout.batch_files(name, config.include_probes)
         entry = old.get(name)
         if (not report.built and entry and entry["files"] == _stamps(files, data_dir) and entry["before"] == names[:i]
                 and entry["gold"] == _tasks_digest(gold, task_groups, entry["instance_ids"])):

@@ -115,23 +115,6 @@ def empty_trajectories() -> pl.DataFrame:
     return pl.from_arrow(TRAJECTORY_SCHEMA.empty_table().select(USED))
 
 
-def batch_names(data_dir: str | os.PathLike) -> list[str]:
-    """Batches with stored trajectories (unguided, guided or probes), in name order."""
-    root = Path(data_dir) / "trajectories"
-    return sorted({p.name for origin in ("unguided", "guided", "probes") for p in (root / origin).glob("*")
-                   if p.is_dir() and not p.name.startswith(".")})
-
-
-def trajectory_files(data_dir: str | os.PathLike, batch: str, include_probes: bool = True) -> list[Path]:
-    """A batch's trajectory files: each folder's compacted file, then its shards."""
-    root = Path(data_dir) / "trajectories"
-    folders = [root / "unguided" / batch, root / "guided" / batch]
-    if include_probes:
-        folders += sorted(p for p in (root / "probes" / batch).glob("*") if p.is_dir())
-    return [f for folder in folders
-            for f in [folder / "trajectories.parquet", *sorted((folder / "shards").glob("*.parquet"))] if f.exists()]
-
-
 def instance_ids(paths: Iterable[Path], skip_bad_files: bool = False
                  ) -> tuple[dict[Path, pl.Series], list[SkippedFile]]:
     """Each readable file's instance_id column (file order kept), and the files left out, as `read_trajectories`."""

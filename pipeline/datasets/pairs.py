@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
+from pipeline.layout import PROBE_SUFFIX
 from pipeline.records import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
 from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
@@ -63,7 +64,6 @@ unguided one; `actions` '[]', K 0, k_star -1). 'rescued': a task no unguided att
 action-guided group that did; `trajectories` holds the unguided and the guided attempts, `sampled_under`
 'unguided' or 'guided'. `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
 
-PROBE_SUFFIX = "-probes"  # rescue.probe_batch stores the probes of batch B under batch B-probes
 ORIGIN_ORDER = ("unguided", "guided", "probe")  # chosen candidates: on-policy successes first
 TASK = ["base_batch", "instance_id"]
 HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs", "prompt_token_ids", "token_ids"]
