@@ -1,9 +1,10 @@
-"""Persisted records and their explicit Parquet schemas.
+"""Persisted records and their Parquet schemas, each declared once.
 
-Every record is a frozen dataclass with one pyarrow schema, written out field by field, whose
-metadata names the record and its `schema_version` (what `pipeline.store.read_records` checks).
-Lists of strings stay lists; free-form structures are JSON strings, because Arrow widens
-heterogeneous dicts into null-filled structs.
+Every record is a frozen dataclass; its pyarrow schema is derived from the dataclass's fields in order
+(`fields_of`: str, int, float, bool, tuples of str or of a nested record; an Optional field is nullable),
+with an explicit map for the few columns stored otherwise, and metadata naming the record and its
+`schema_version` (what `pipeline.store.read_records` checks). Lists of strings stay lists; free-form
+structures are JSON strings, because Arrow widens heterogeneous dicts into null-filled structs.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 
@@ -25,6 +28,35 @@ TURN_IDS = pa.list_(pa.list_(pa.int32()))  # (assistant turns, tokens); a turn's
 def record_schema(fields: list[pa.Field], version: str, record: str) -> pa.Schema:
     """A schema whose metadata names the record kind and its version."""
     return pa.schema(fields, metadata={"schema_version": version, "record": record})
+
+
+def fields_of(cls: type, stored_as: Mapping[str, pa.DataType] | None = None) -> list[pa.Field]:
+    """The Arrow fields of a record, one per dataclass field in order: the type its annotation names,
+    `stored_as[name]` for a column stored otherwise; a field whose annotation admits None is nullable."""
+    hints, stored_as = typing.get_type_hints(cls), stored_as or {}
+    return [pa.field(f.name, stored_as.get(f.name) or _arrow(hints[f.name], f"{cls.__name__}.{f.name}"),
+                     nullable=_optional(hints[f.name])) for f in dataclasses.fields(cls)]
+
+
+PLAIN = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def _optional(kind: Any) -> bool:
+    return typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in typing.get_args(kind)
+
+
+def _arrow(kind: Any, where: str) -> pa.DataType:
+    if _optional(kind):
+        (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
+    if kind in PLAIN:
+        return PLAIN[kind]
+    if typing.get_origin(kind) is tuple:
+        item = typing.get_args(kind)[0]
+        if item is str:
+            return pa.list_(pa.string())
+        if dataclasses.is_dataclass(item):
+            return pa.list_(pa.struct(fields_of(item)))
+    raise TypeError(f"{where}: {kind!r} has no Arrow type of its own; give the column's type in stored_as")
 
 
 def columns(*pairs: tuple[str, pa.DataType], nullable: tuple[str, ...] = ()) -> list[pa.Field]:
@@ -107,13 +139,7 @@ class Task:
         return cls(**values)
 
 
-TASK_SCHEMA = record_schema(columns(
-    ("instance_id", STR), ("repo", STR), ("base_commit", STR), ("patch", STR), ("test_patch", STR),
-    ("problem_statement", STR), ("FAIL_TO_PASS", STRS), ("PASS_TO_PASS", STRS), ("image", STR), ("workdir", STR),
-    ("test_cmd", STR), ("log_parser", STR), ("source", STR), ("hints_text", STR), ("version", STR),
-    ("environment_setup_commit", STR), ("created_at", STR), ("setup_patch", STR), ("test_files", STRS),
-    ("provenance", STR),
-), TASK_SCHEMA_VERSION, "Task")
+TASK_SCHEMA = record_schema(fields_of(Task), TASK_SCHEMA_VERSION, "Task")
 
 
 @dataclass(frozen=True)
@@ -126,7 +152,7 @@ class RejectedTask:
     reason: str
 
 
-REJECT_SCHEMA = record_schema(columns(("item", STR), ("stage", STR), ("reason", STR)), "1", "RejectedTask")
+REJECT_SCHEMA = record_schema(fields_of(RejectedTask), "1", "RejectedTask")
 
 
 @dataclass(frozen=True)
@@ -160,9 +186,7 @@ class Message:
         return message
 
 
-MESSAGE_FIELDS = columns(("role", STR), ("content", STR), ("tool_calls", STR), ("tool_call_id", STR),
-                         ("reasoning_content", STR),
-                         nullable=("content", "tool_calls", "tool_call_id", "reasoning_content"))
+MESSAGE_FIELDS = fields_of(Message)
 MESSAGE_TYPE = pa.struct(MESSAGE_FIELDS)
 MESSAGE_SCHEMA = record_schema(MESSAGE_FIELDS, "2", "Message")
 
@@ -185,7 +209,7 @@ class Action:
         return {"name": self.name, "args": json.loads(self.args)}
 
 
-ACTION_FIELDS = columns(("name", STR), ("args", STR))
+ACTION_FIELDS = fields_of(Action)
 ACTION_TYPE = pa.struct(ACTION_FIELDS)
 ACTION_SCHEMA = record_schema(ACTION_FIELDS, "1", "Action")
 
@@ -209,8 +233,7 @@ class Step:
     """The call was malformed, or the tool reported an error."""
 
 
-STEP_FIELDS = columns(("policy_latency", FLOAT), ("tool_time", FLOAT), ("prompt_tokens", INT),
-                      ("completion_tokens", INT), ("tool", STR), ("error", BOOL))
+STEP_FIELDS = fields_of(Step)
 STEP_TYPE = pa.struct(STEP_FIELDS)
 STEP_SCHEMA = record_schema(STEP_FIELDS, "1", "Step")
 
@@ -245,9 +268,7 @@ class Guidance:
         return cls(row["kind"], row["text"], tuple(Action(**a) for a in row["actions"]), row["k"], row["teacher"])
 
 
-GUIDANCE_SCHEMA = record_schema(columns(
-    ("kind", STR), ("text", STR), ("actions", pa.list_(ACTION_TYPE)), ("k", INT), ("teacher", STR),
-), "1", "Guidance")
+GUIDANCE_SCHEMA = record_schema(fields_of(Guidance), "1", "Guidance")
 """Schema of the Guidance record. guidance.parquet holds GuidancePlan rows: GUIDANCE_PLAN_SCHEMA."""
 
 
@@ -291,12 +312,7 @@ class GuidancePlan:
         return _flat(cls, {**row, "actions": [Action(**a) for a in row["actions"]]})
 
 
-GUIDANCE_PLAN_SCHEMA = record_schema(columns(
-    ("instance_id", STR), ("kind", STR), ("text", STR), ("teacher", STR), ("files", STRS), ("functions", STRS),
-    ("leaked", BOOL), ("accepted", BOOL), ("reason", STR), ("actions", pa.list_(ACTION_TYPE)),
-    ("action_source", STR), ("K", INT), ("k_star", INT), ("found", BOOL), ("search_steps", INT), ("probes", INT),
-    ("linear_k", INT), ("linear_probes", INT),
-), "2", "GuidancePlan")
+GUIDANCE_PLAN_SCHEMA = record_schema(fields_of(GuidancePlan), "2", "GuidancePlan")
 
 
 TRAJECTORY_SCHEMA_VERSION = "3"  # 3: reasoning in messages, per-turn token ids, the policy's identity
@@ -394,18 +410,8 @@ class Trajectory:
         return _flat(cls, values)
 
 
-TRAJECTORY_SCHEMA = record_schema(columns(
-    ("rollout_id", STR), ("group_id", STR), ("batch", STR), ("instance_id", STR), ("sample_index", INT),
-    ("seed", INT), ("policy", STR), ("policy_settings", STR), ("guidance_kind", STR), ("guidance_text", STR),
-    ("guidance_actions", pa.list_(ACTION_TYPE)), ("guidance_k", INT), ("teacher", STR),
-    ("prompt", pa.list_(MESSAGE_TYPE)), ("unguided_prompt", pa.list_(MESSAGE_TYPE)),
-    ("messages", pa.list_(MESSAGE_TYPE)), ("tools", STR), ("steps", pa.list_(STEP_TYPE)),
-    ("logprobs", pa.list_(pa.list_(pa.float32()))),  # (assistant turns, tokens); null without log-probs
-    ("patch", STR), ("reward", FLOAT), ("resolved", BOOL), ("grade_reason", STR), ("report", STR),
-    ("test_log", STR), ("dropped_files", STRS), ("enforcement", STRS), ("suspicious", STRS),
-    ("exit_status", STR), ("infra_error", STR), ("error", STR), ("infra_retries", INT), ("format_errors", INT),
-    ("total_tokens", INT), ("wall_time", FLOAT), ("grade_time", FLOAT), ("quotes_guidance", BOOL),
-    ("created_at", STR), ("prompt_token_ids", TURN_IDS), ("token_ids", TURN_IDS), ("policy_model", STR),
-    ("policy_revision", STR), ("chat_template_hash", STR),
-    nullable=("logprobs", "prompt_token_ids", "token_ids"),
-), TRAJECTORY_SCHEMA_VERSION, "Trajectory")
+TRAJECTORY_SCHEMA = record_schema(fields_of(Trajectory, stored_as={
+    **{name: pa.list_(MESSAGE_TYPE) for name in MESSAGE_COLUMNS},  # OpenAI chat dicts, stored as Message rows
+    "logprobs": pa.list_(pa.list_(pa.float32())),  # (assistant turns, tokens); null without log-probs
+    "prompt_token_ids": TURN_IDS, "token_ids": TURN_IDS,
+}), TRAJECTORY_SCHEMA_VERSION, "Trajectory")

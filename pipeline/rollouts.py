@@ -315,36 +315,52 @@ def _attempt_once(job: Job, policy: Policy, config: RolloutConfig,
 
 def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None, verdict: Grade | None,
                   infra: str, retries: int, quote_ngram: int = 8, crash: str = "") -> Trajectory:
-    """The stored record of one attempt; `crash` (a traceback) marks it 'crashed'."""
-    g, a, v = job.guidance, attempt, verdict
-    status = CRASHED if crash else a.exit_status if a else "sandbox_error"
+    """The stored record of one attempt, merged from the job's, the attempt's and the grade's fields (each
+    its defaults when there is none); `crash` (a traceback) marks it 'crashed'."""
+    g = job.guidance
+    status = CRASHED if crash else attempt.exit_status if attempt else "sandbox_error"
     return Trajectory(
         rollout_id=job.rollout_id, group_id=job.group_id, batch=batch, instance_id=job.task.instance_id,
         sample_index=job.sample_index, seed=job.seed, policy=policy.name,
         policy_settings=json.dumps(policy.settings(), sort_keys=True, default=str),
         guidance_kind=g.kind, guidance_text=g.text, guidance_actions=g.actions, guidance_k=g.k, teacher=g.teacher,
-        prompt=a.prompt if a else (), unguided_prompt=a.unguided_prompt if a else (),
-        messages=a.messages if a else (), tools=json.dumps(list(a.tools) if a else []),
-        steps=a.steps if a else (), logprobs=_per_turn(a, "logprobs"), patch=a.patch if a else "",
-        reward=v.reward if v and not infra else 0.0, resolved=bool(v and v.resolved and not infra),
-        grade_reason=v.reason if v else "", report=v.report if v else "{}", test_log=v.log[-LOG_TAIL:] if v else "",
-        dropped_files=v.dropped_files if v else (), enforcement=v.enforcement if v else (),
-        suspicious=v.suspicious if v else (), exit_status=status, infra_error=infra,
-        error=crash or (a.error if a else ""), infra_retries=retries, format_errors=a.format_errors if a else 0,
-        total_tokens=a.total_tokens if a else 0, wall_time=a.wall_time if a else 0.0,
-        grade_time=v.duration if v else 0.0,
-        quotes_guidance=bool(a and g.text and quotes_guidance(a.messages, g.text, quote_ngram)),
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        prompt_token_ids=_per_turn(a, "prompt_token_ids"), token_ids=_per_turn(a, "token_ids"),
-        policy_model=a.identity.model if a and a.identity else "",
-        policy_revision=a.identity.revision if a and a.identity else "",
-        chat_template_hash=a.identity.chat_template_hash if a and a.identity else "",
+        **(_attempt_fields(attempt, g.text, quote_ngram) if attempt else NO_ATTEMPT),
+        **(_grade_fields(verdict, infra) if verdict else NO_GRADE),
+        exit_status=status, infra_error=infra, error=crash or (attempt.error if attempt else ""),
+        infra_retries=retries, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
 
-def _per_turn(attempt: Attempt | None, name: str):
+NO_ATTEMPT = dict(prompt=(), unguided_prompt=(), messages=(), tools="[]", steps=(), logprobs=None, patch="",
+                  format_errors=0, total_tokens=0, wall_time=0.0, quotes_guidance=False, prompt_token_ids=None,
+                  token_ids=None, policy_model="", policy_revision="", chat_template_hash="")
+"""A trajectory's attempt fields when no attempt ran (the sandbox failed first)."""
+NO_GRADE = dict(reward=0.0, resolved=False, grade_reason="", report="{}", test_log="", dropped_files=(),
+                enforcement=(), suspicious=(), grade_time=0.0)
+"""A trajectory's grade fields when no grade was made."""
+
+
+def _attempt_fields(a: Attempt, hint: str, quote_ngram: int) -> dict:
+    identity = a.identity
+    return dict(prompt=a.prompt, unguided_prompt=a.unguided_prompt, messages=a.messages,
+                tools=json.dumps(list(a.tools)), steps=a.steps, logprobs=_per_turn(a, "logprobs"), patch=a.patch, format_errors=a.format_errors,
+                total_tokens=a.total_tokens, wall_time=a.wall_time,
+                quotes_guidance=bool(hint and quotes_guidance(a.messages, hint, quote_ngram)),
+                prompt_token_ids=_per_turn(a, "prompt_token_ids"), token_ids=_per_turn(a, "token_ids"),
+                policy_model=identity.model if identity else "", policy_revision=identity.revision if identity else "",
+                chat_template_hash=identity.chat_template_hash if identity else "")
+
+
+def _grade_fields(v: Grade, infra: str) -> dict:
+    """An infrastructure fault pays nothing, whatever the grade said."""
+    return dict(reward=0.0 if infra else v.reward, resolved=v.resolved and not infra, grade_reason=v.reason,
+                report=v.report, test_log=v.log[-LOG_TAIL:], dropped_files=v.dropped_files,
+                enforcement=v.enforcement, suspicious=v.suspicious, grade_time=v.duration)
+
+
+def _per_turn(attempt: Attempt, name: str):
     """One of the attempt's per-turn token columns (log-probs, prompt or sampled ids) as tuples; None without."""
-    values = getattr(attempt, name) if attempt is not None else None
+    values = getattr(attempt, name)
     if values is None:
         return None
     return tuple(tuple(turn) if turn is not None else None for turn in values)

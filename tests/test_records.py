@@ -134,3 +134,29 @@ def test_a_batch_stored_under_an_older_contract_is_set_aside_and_rerun(tmp_path)
     assert said == [f"{out / 'trajectories.parquet'} holds Trajectory schema 1, this version reads 3: rewrite it "
                     f"with this version; moved its stored attempts to {aside} and running the whole batch"]
     assert summary.trajectories == [] and read_records(out / "trajectories.parquet", TRAJECTORY_SCHEMA) == []
+
+
+def test_a_schema_is_derived_from_its_dataclass():
+    from dataclasses import dataclass
+
+    import pyarrow as pa
+    import pytest
+
+    from pipeline.records import Action, fields_of
+
+    @dataclass(frozen=True)
+    class Row:
+        name: str
+        count: int
+        note: str | None
+        tags: tuple[str, ...]
+        actions: tuple[Action, ...]
+        blob: tuple[dict, ...] = ()
+
+    fields = fields_of(Row, stored_as={"blob": pa.string()})
+    assert [(f.name, f.type, f.nullable) for f in fields] == [
+        ("name", pa.string(), False), ("count", pa.int64(), False), ("note", pa.string(), True),
+        ("tags", pa.list_(pa.string()), False), ("actions", pa.list_(pa.struct(fields_of(Action))), False),
+        ("blob", pa.string(), False)]
+    with pytest.raises(TypeError, match=r"Row.blob: .* give the column's type in stored_as"):
+        fields_of(Row)
