@@ -21,7 +21,8 @@ from pipeline.datasets.build import read_trajectories
 from pipeline.datasets.pairs import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
 from pipeline.layout import Layout
-from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Action, Trajectory, record_schema
+from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Action, Trajectory
+from pipeline.schema import record_schema
 from pipeline.store import write_rows
 
 SYSTEM = {"role": "system", "content": "You fix bugs in a sandbox."}

@@ -12,8 +12,9 @@ import pytest
 
 from pipeline.records import (ACTION_SCHEMA, GUIDANCE_PLAN_SCHEMA, GUIDANCE_SCHEMA, MESSAGE_SCHEMA, REJECT_SCHEMA,
                               STEP_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA, Action, Guidance, GuidancePlan, Message,
-                              RejectedTask, Step, Task, Trajectory, from_row, record_schema, to_row)
+                              RejectedTask, Step, Task, Trajectory)
 from pipeline.rollouts import RolloutConfig, run_batch
+from pipeline.schema import from_row, record_schema, to_row
 from pipeline.store import RecordContractError, read_records, write_rows
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
@@ -142,7 +143,8 @@ def test_a_schema_is_derived_from_its_dataclass():
     import pyarrow as pa
     import pytest
 
-    from pipeline.records import Action, fields_of
+    from pipeline.records import Action
+    from pipeline.schema import fields_of
 
     @dataclass(frozen=True)
     class Row:

@@ -19,7 +19,8 @@ from pipeline.agent.heuristic import HeuristicPolicy
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.expert import expert_actions
-from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, schema_version
+from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION
+from pipeline.schema import schema_version
 from pipeline.rescue import failed_groups
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.store import read_batch

@@ -32,7 +32,8 @@ from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.guided import guided_checks
 from pipeline.datasets.splits import Counter, token_counter
 from pipeline.layout import PROBE_SUFFIX, Layout
-from pipeline.records import TRAJECTORY_SCHEMA, Trajectory, to_row
+from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
+from pipeline.schema import to_row
 
 BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
 SCHEMAS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}  # DATASET_KINDS' schemas

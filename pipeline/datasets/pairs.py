@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
 from pipeline.layout import PROBE_SUFFIX
-from pipeline.records import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
+from pipeline.schema import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
 from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
 if TYPE_CHECKING:
