@@ -12,7 +12,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -26,19 +25,20 @@ import pyarrow as pa
 
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy
+from pipeline.batch_metrics import BatchSummary, Progress
 from pipeline.guidance.references import quotes_guidance
 from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
+from pipeline.vocab import CRASHED
 from sandbox.base import SandboxError, SandboxSpec
 from sandbox.docker_sandbox import reap
 
 log = logging.getLogger(__name__)
 
 INFRA_EXITS = ("sandbox_error", "policy_error")  # faults of the sandbox or the model server, not the policy
-CRASHED = "crashed"  # exit status of an attempt the harness raised in (a policy, grader or harness bug)
 LOG_TAIL = 20_000  # characters of the grading log kept per trajectory
 REAP_TIMEOUT = 10  # seconds to wait for a Docker engine before running without reaping
 NO_GUIDANCE = Guidance()
@@ -103,58 +103,6 @@ def plan_jobs(tasks: list[Task], policy: Policy, config: RolloutConfig, batch: s
     return jobs
 
 
-@dataclass
-class BatchSummary:
-    """What a batch did; `trajectories` holds every stored attempt of the batch, resumed ones included."""
-
-    trajectories: list[Trajectory]
-    ran: int
-    skipped: int
-    seconds: float
-    pool: dict = field(default_factory=dict)
-    """What the warm sandbox pool did (PoolStats.as_metadata)."""
-
-    def metrics(self) -> dict:
-        done = [t for t in self.trajectories if not t.infra_error]
-        crashed = sum(t.exit_status == CRASHED for t in self.trajectories)
-        statuses: dict[str, int] = {}
-        for t in self.trajectories:
-            statuses[t.exit_status] = statuses.get(t.exit_status, 0) + 1
-        wall = sum(t.wall_time + t.grade_time for t in self.trajectories) or 1.0
-        tool = sum(s.tool_time for t in self.trajectories for s in t.steps)
-        return {
-            "attempts": len(self.trajectories), "ran": self.ran, "resumed": self.skipped,
-            "resolved": sum(t.resolved for t in done), "pass_rate": round(_rate(done), 4),
-            "infra_errors": len(self.trajectories) - len(done) - crashed, "crashed": crashed,
-            "exit_status": statuses,
-            "attempts_per_minute": round(self.ran / self.seconds * 60, 2) if self.seconds else 0.0,
-            "share_grading": round(sum(t.grade_time for t in self.trajectories) / wall, 3),
-            "share_agent_tools": round(tool / wall, 3),
-            **token_id_coverage(self.trajectories), **self.pool,
-        }
-
-
-def token_id_coverage(trajectories: list[Trajectory]) -> dict:
-    """Model turns stored with and without token ids, and once, why some have none."""
-    with_ids = without = 0
-    reasons: dict[str, int] = {}
-    for t in trajectories:
-        turns = sum(m["role"] == "assistant" for m in t.messages)
-        stored = sum(ids is not None for ids in t.token_ids or ())
-        with_ids, without = with_ids + stored, without + turns - stored
-        if turns > stored:
-            why = json.loads(t.policy_settings or "{}").get("token_ids_missing") or "it records no token ids"
-            reasons[f"{t.policy}: {why}"] = reasons.get(f"{t.policy}: {why}", 0) + turns - stored
-    out = {"turns_with_token_ids": with_ids, "turns_without_token_ids": without}
-    if reasons:
-        out["token_ids_missing"] = "; ".join(f"{why} ({n} turns)" for why, n in reasons.items())
-    return out
-
-
-def _rate(trajectories: list[Trajectory]) -> float:
-    return sum(t.resolved for t in trajectories) / len(trajectories) if trajectories else 0.0
-
-
 def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: Path, batch: str,
               progress: Callable[[str], None] = log.info, sandboxes: SandboxFactory = task_sandbox) -> BatchSummary:
     """Run the jobs not yet stored under `out_dir` (in sandboxes `sandboxes` makes); return the whole batch."""
@@ -166,7 +114,7 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
         fcntl.flock(lock, fcntl.LOCK_EX)  # one writer per batch folder, across processes too
         stored = _stored(out_dir, progress)
         todo = [j for j in jobs if j.rollout_id not in stored]
-        counter = _Progress(len(jobs), len(jobs) - len(todo), progress)
+        counter = Progress(len(jobs), len(jobs) - len(todo), progress)
         with SandboxPool(sandboxes, config.pool) as pool, ThreadPoolExecutor(max(1, config.workers)) as threads:
             pool.expect([(j.task, config.sandbox) for j in todo for _ in ("agent", "grade")])
 
@@ -220,23 +168,6 @@ def _store(out_dir: Path, traj: Trajectory) -> Trajectory:
                                    infra_error=crash_text(exc), error="".join(traceback.format_exception(exc)))
         write_rows(path, [bare.to_row()], TRAJECTORY_SCHEMA)
         return bare
-
-
-class _Progress:
-    """done / total, successes, rate and time left, on the terminal and in whatever log is given."""
-
-    def __init__(self, total: int, already: int, emit: Callable[[str], None]):
-        self.total, self.count, self.ok, self.emit = total, already, 0, emit
-        self.start, self.lock, self.ran = time.monotonic(), threading.Lock(), 0
-
-    def done(self, traj: Trajectory) -> None:
-        with self.lock:
-            self.count, self.ran, self.ok = self.count + 1, self.ran + 1, self.ok + traj.resolved
-            rate = self.ran / max(time.monotonic() - self.start, 1e-9) * 60
-            left = (self.total - self.count) / rate if rate else 0.0
-            self.emit(f"rollouts {self.count}/{self.total}: {self.ok} resolved this run, {rate:.1f} attempts/min, "
-                      f"~{left:.1f} min left ({traj.instance_id} #{traj.sample_index}: {traj.exit_status}, "
-                      f"reward {traj.reward:.0f}{', INFRA ' + traj.infra_error[:80] if traj.infra_error else ''})")
 
 
 @dataclass

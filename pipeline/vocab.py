@@ -17,5 +17,7 @@ GUIDANCE_KINDS: tuple[GuidanceKind, ...] = get_args(GuidanceKind)
 DATASET_KINDS: tuple[DatasetKind, ...] = get_args(DatasetKind)
 NO_GUIDANCE_KIND = "none"
 """The guidance_kind of an attempt made without guidance."""
+CRASHED = "crashed"
+"""The exit status of an attempt the harness raised in (a policy, grader or harness bug)."""
 HINT_HEADER = "Reference action trajectory hint:"
 """The line that opens the reference actions in an action-guided prompt (the heuristic policy reads them)."""

@@ -288,7 +288,8 @@ def test_tiny_local_model_runs_an_attempt_with_logprobs(tmp_path, sandbox, task)
 def to_stored_trajectory(attempt, policy, tmp_path):
     """The attempt through `to_trajectory`, a Parquet file and back."""
     from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
-    from pipeline.rollouts import NO_GUIDANCE, Job, to_trajectory, token_id_coverage
+    from pipeline.batch_metrics import token_id_coverage
+    from pipeline.rollouts import NO_GUIDANCE, Job, to_trajectory
     from pipeline.store import read_records, write_rows
 
     task = Task(instance_id="calc-1", repo="demo/calc", base_commit="", patch="", test_patch="", problem_statement="",
