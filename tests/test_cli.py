@@ -12,8 +12,9 @@ import pytest
 from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 from dagster._core.storage.dagster_run import DagsterRun
 
-from pipeline.cli import (POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, main, owner_tags,
-                          release_dead_runs)
+from pipeline.cli import main
+from pipeline.instance import (POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags,
+                               release_dead_runs)
 
 # task_sources with no package and no dataset: a real materialization that needs neither network nor Docker
 CHEAP = ["--select", "task_sources", "--set", "synth.packages=[]"]
@@ -117,7 +118,7 @@ def test_a_dagster_yaml_of_ones_own_is_left_alone(home, monkeypatch, capsys):
 HOLDS_A_SLOT = """
 import sys, time
 import dagster as dg
-from pipeline.cli import POOL, instance_with_pool_limit, owner_tags
+from pipeline.instance import POOL, instance_with_pool_limit, owner_tags
 
 @dg.op(pool=POOL)
 def sandbox_step():
