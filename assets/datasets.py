@@ -10,7 +10,8 @@ import polars as pl
 from assets.resources import Credentials, HandholdSettings
 from pipeline.datasets import read_dataset, update_datasets
 from pipeline.datasets.build import read_manifest
-from pipeline.datasets.export import HISTOGRAM_FILE, CardInfo, export_dataset, pass_rates, split_by_task
+from pipeline.datasets.card import HISTOGRAM_FILE, CardInfo, pass_rates
+from pipeline.datasets.export import export_dataset, split_by_task
 from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
 from pipeline.datasets.pairs import row_text
 from pipeline.datasets.splits import split_groups

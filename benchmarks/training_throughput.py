@@ -24,7 +24,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from pipeline.datasets import DatasetConfig, build_rows  # noqa: E402
-from pipeline.datasets.export import CardInfo, export_dataset  # noqa: E402
+from pipeline.datasets.card import CardInfo  # noqa: E402
+from pipeline.datasets.export import export_dataset  # noqa: E402
 from pipeline.records import Action  # noqa: E402
 from tests.test_datasets_build import traj  # noqa: E402
 from training.actguide import prepare_examples, train_actguide  # noqa: E402

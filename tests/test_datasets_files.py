@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
 from pipeline.datasets import build, files
-from pipeline.datasets.export import CardInfo, as_arrow, export_dataset
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import as_arrow, export_dataset
 from pipeline.datasets.files import DICTIONARY, TaskRuns, instance_ids, read_trajectories
 from pipeline.layout import Layout
 from pipeline.records import TRAJECTORY_SCHEMA

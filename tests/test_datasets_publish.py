@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from pipeline.datasets.export import CONFIGS, CardInfo, SourcePackage, export_dataset, pass_rates, recovery_rates
+from pipeline.datasets.card import CardInfo, SourcePackage, pass_rates, recovery_rates
+from pipeline.datasets.export import CONFIGS, export_dataset
 from pipeline.datasets.publish import PublishConfig, PublishError, SecretsFound, publish_dataset
 from pipeline.datasets.secrets import find_secrets, scan_table
 from tests.hub_loopback import HubServer

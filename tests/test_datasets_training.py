@@ -10,7 +10,8 @@ from trl import DPOConfig, SFTConfig, SFTTrainer
 from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
 
 from pipeline.datasets import DatasetConfig, build_rows
-from pipeline.datasets.export import CardInfo, export_dataset
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import export_dataset
 from training.masking import AssistantOnlyDPOTrainer, TruncationPolicy, to_template_row
 from tests.test_datasets_build import TASK_T1, traj
 from tests.test_training_masking import train

@@ -12,7 +12,8 @@ import pytest
 from pipeline.agent.heuristic import HeuristicPolicy, action_hint as replayed
 from pipeline.agent.loop import AgentConfig
 from pipeline.datasets import DatasetConfig, build_rows
-from pipeline.datasets.export import CardInfo, render_card, split_tables
+from pipeline.datasets.card import CardInfo, render_card
+from pipeline.datasets.export import split_tables
 from pipeline.datasets.guided import rows_referring_to_guidance
 from pipeline.guidance.actions import action_hint
 from pipeline.guidance.expert import expert_actions

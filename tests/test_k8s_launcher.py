@@ -14,7 +14,8 @@ import pytest
 from assets.resources import Credentials, HandholdSettings
 from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
-from pipeline.datasets.export import CardInfo, export_dataset
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import export_dataset
 from pipeline.settings import HandholdConfig, SettingsError, from_mapping
 from tests.fake_kube import FakeKube, write_kubeconfig
 from tests.test_training import actguide_attempts

@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 
 from pipeline.datasets import DatasetConfig, build_rows, trajectory_frame
-from pipeline.datasets.export import CardInfo, export_dataset, split_by_task
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import export_dataset, split_by_task
 from pipeline.datasets.splits import combined_split_conflicts, split_column, split_group, split_groups, task_split
 from pipeline.evaluation import held_out_tasks
 from pipeline.records import TASK_SCHEMA, Task

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from assets.resources import Credentials, HandholdSettings
 from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
-from pipeline.datasets.export import CardInfo, export_dataset
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import export_dataset
 from pipeline.records import Action
 from tests.test_datasets_build import TASK_T1, traj
 from training.actguide import (ActGuideTrainer, group_advantages, prepare_examples, response_logps, train_actguide,

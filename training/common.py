@@ -36,7 +36,7 @@ def read_split(dataset_folder: str | Path, config: str, split: str = "train"):
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    from pipeline.datasets.export import shard_path
+    from pipeline.datasets.card import shard_path
 
     folder = Path(dataset_folder)
     if not (folder / "README.md").exists():
