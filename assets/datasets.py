@@ -13,7 +13,7 @@ from pipeline.datasets.build import read_manifest
 from pipeline.datasets.card import HISTOGRAM_FILE, CardInfo, pass_rates
 from pipeline.datasets.export import export_dataset, split_by_task
 from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
-from pipeline.datasets.pairs import row_text
+from pipeline.datasets.formats import row_text
 from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables

@@ -18,7 +18,7 @@ from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SCHEMAS, SFT_SCHEMA,
                                task_split, update_datasets)
 from pipeline.datasets import build
 from pipeline.datasets.build import read_trajectories
-from pipeline.datasets.pairs import CALLS, mentions, row_text
+from pipeline.datasets.formats import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
 from pipeline.layout import Layout
 from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Action, Trajectory

@@ -8,8 +8,8 @@ stored batches and keeps the per-batch shards and their manifest current.
 from pipeline.datasets.build import (SCHEMAS, BadTrajectoryFile, BatchRows, BuildReport, SkippedFile, build_rows,
                                      dataset_files, read_dataset, read_trajectories, trajectory_frame, update_datasets)
 from pipeline.datasets.config import DatasetConfig
-from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA, GuidanceLeakError,
-                                     arguments_as_objects)
+from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA, arguments_as_objects
+from pipeline.datasets.pairs import GuidanceLeakError
 from pipeline.datasets.splits import task_split
 
 __all__ = ["ACTGUIDE_SCHEMA", "DPO_SCHEMA", "SCHEMAS", "SFT_SCHEMA", "BadTrajectoryFile", "BatchRows", "BuildReport",

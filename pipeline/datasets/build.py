@@ -26,8 +26,8 @@ import pyarrow as pa
 
 from pipeline.datasets.files import (BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids,
                                      read_trajectories, rows_writer)
-from pipeline.datasets.pairs import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA, actguide_rows, candidates,
-                                     dpo_rows, prepare, sft_rows)
+from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA
+from pipeline.datasets.pairs import actguide_rows, candidates, dpo_rows, prepare, sft_rows
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.guided import guided_checks
 from pipeline.datasets.splits import Counter, token_counter
