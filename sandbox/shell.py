@@ -24,7 +24,7 @@ import secrets
 import time
 from typing import Callable
 
-from sandbox.base import DEFAULT_TIMEOUT, OUTPUT_CAP, CommandResult
+from sandbox.base import OUTPUT_CAP, CommandResult
 
 log = logging.getLogger(__name__)
 

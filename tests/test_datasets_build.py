@@ -17,7 +17,7 @@ from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SCHEMAS, SFT_SCHEMA,
                                GuidanceLeakError, arguments_as_objects, build_rows, dataset_files, read_dataset,
                                task_split, update_datasets)
 from pipeline.datasets import build
-from pipeline.datasets.build import read_trajectories
+from pipeline.datasets.files import read_trajectories
 from pipeline.datasets.formats import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
 from pipeline.layout import Layout

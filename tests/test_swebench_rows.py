@@ -21,17 +21,9 @@ from pipeline.sources.harness_specs import (
     swe_gym_image,
     harness_directives,
 )
-from pipeline.sources.swebench_rows import (
-    SweDatasetConfig,
-    TaskRowError,
-    load_tasks,
-    load_tasks_from_config,
-    patched_files,
-    resolve_log_parser,
-    reverse_patch,
-    row_kind,
-    task_from_row,
-)
+from pipeline.sources.harness_specs import resolve_log_parser
+from pipeline.sources.swebench_rows import SweDatasetConfig, load_tasks, load_tasks_from_config
+from pipeline.sources.task_rows import TaskRowError, patched_files, reverse_patch, row_kind, task_from_row
 
 DATA = Path(__file__).parent / "data"
 DJANGO = "django__django-11099"

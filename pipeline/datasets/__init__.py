@@ -6,8 +6,9 @@ stored batches and keeps the per-batch shards and their manifest current.
 """
 
 from pipeline.datasets.build import (SCHEMAS, BadTrajectoryFile, BatchRows, BuildReport, SkippedFile, build_rows,
-                                     dataset_files, read_dataset, read_trajectories, trajectory_frame, update_datasets)
+                                     dataset_files, read_dataset, trajectory_frame, update_datasets)
 from pipeline.datasets.config import DatasetConfig
+from pipeline.datasets.files import read_trajectories
 from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA, arguments_as_objects
 from pipeline.datasets.pairs import GuidanceLeakError
 from pipeline.datasets.splits import task_split

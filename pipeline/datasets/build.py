@@ -24,8 +24,7 @@ from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 import polars as pl
 import pyarrow as pa
 
-from pipeline.datasets.files import (BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids,
-                                     read_trajectories, rows_writer)
+from pipeline.datasets.files import BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids, rows_writer
 from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA
 from pipeline.datasets.pairs import actguide_rows, candidates, dpo_rows, prepare, sft_rows
 from pipeline.datasets.config import DatasetConfig

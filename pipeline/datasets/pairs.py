@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import polars as pl
 
-from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA, chat, mentions
+from pipeline.datasets.formats import chat, mentions
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
 from pipeline.layout import PROBE_SUFFIX
 from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND

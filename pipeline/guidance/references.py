@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any
 
 from pipeline.agent.textformat import CLOSE, OPEN
 from pipeline.guidance.teacher import leaks_patch
