@@ -12,7 +12,8 @@ from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
 from pipeline.rescue import teacher_client
 from pipeline.sources.swebench_rows import load_tasks
 from pipeline.store import read_records, write_rows
-from pipeline.synthesis.packages import PackageError, build_environment_image, fetch_source, package_specs
+from pipeline.synthesis.env_image import build_environment_image
+from pipeline.synthesis.packages import PackageError, fetch_source, package_specs
 from pipeline.synthesis.synth import synthesize
 from pipeline.tasks.decontam import decontaminate
 from pipeline.tasks.validate import check_tasks

@@ -30,7 +30,8 @@ WORKER = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from pipeline.synthesis.packages import build_environment_image, package_specs
+from pipeline.synthesis.env_image import build_environment_image
+from pipeline.synthesis.packages import package_specs
 from pipeline.synthesis.synth import SynthConfig, synthesize
 from sandbox.images import docker_client, ensure_base_image
 client, cache = docker_client(), Path(sys.argv[2])

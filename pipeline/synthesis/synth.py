@@ -6,7 +6,7 @@ sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still p
 PASS_TO_PASS; the same failures on every one of `validation_runs` runs, the last of them the
 verifier's grade of the empty patch, and the gold patch resolving on every run); every stage counted
 and timed (pipeline/tasks/stage_clock.py), every package that yields nothing says why. Sandboxes run
-the suite from the bytecode the environment image holds (packages.compile_tree); the weak-test probe
+the suite from the bytecode the environment image holds (env_image.compile_tree); the weak-test probe
 runs the files of the FAIL_TO_PASS tests. Besides AST mutations: rewrites by the teacher LLM (`rewrite`)
 and bugs of one module combined (`combine`); every kept task carries a difficulty record in its
 provenance, summarised in the report.
@@ -34,8 +34,9 @@ from pipeline.synthesis.issue_writer import written_statement
 from pipeline.synthesis.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
 from pipeline.tasks.copies import hidden_copies
 from pipeline.verifier.grading import GRADER_VERSION
-from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, build_environment_image,
-                                     fetch_source, package_specs, resolve, test_command)
+from pipeline.synthesis.env_image import build_environment_image
+from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fetch_source, package_specs, resolve,
+                                         test_command)
 from pipeline.synthesis.bug_runs import try_candidate
 from pipeline.synthesis.rewrite import rewrite_candidates
 from pipeline.synthesis.statements import failure_messages_from_log

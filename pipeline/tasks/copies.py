@@ -3,7 +3,7 @@
 A synthesized task's image holds the pristine source and the bug is applied when its sandbox starts, so any
 second copy of that source the agent can read (a build tree, a wheel or sdist, a backup file, bytecode)
 holds the answer. `hidden_copies` lists them in an unpacked sdist; the environment image is built without
-them (pipeline/synthesis/packages.py) and the synthesis report lists what was left out.
+them (pipeline/synthesis/env_image.py) and the synthesis report lists what was left out.
 """
 
 from __future__ import annotations
