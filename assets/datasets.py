@@ -9,7 +9,7 @@ import polars as pl
 
 from assets.resources import Credentials, HandholdSettings
 from pipeline.datasets import read_dataset, update_datasets
-from pipeline.datasets.build import read_manifest
+from pipeline.datasets.manifest import read_manifest
 from pipeline.datasets.card import HISTOGRAM_FILE, CardInfo, pass_rates
 from pipeline.datasets.export import export_dataset, split_by_task
 from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from pipeline.datasets.files import BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids, rows_writer
 from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA
+from pipeline.datasets.manifest import read_manifest, stamps, tasks_digest, write_manifest
 from pipeline.datasets.pairs import actguide_rows, candidates, dpo_rows, prepare, sft_rows
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.guided import guided_checks
@@ -37,7 +38,6 @@ from pipeline.schema import to_row
 BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
 SCHEMAS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}  # DATASET_KINDS' schemas
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
-MANIFEST = "manifest.json"
 T = TypeVar("T")
 CHUNK = 2000  # trajectories built at once (two runs are in memory: one built, the next read): flat memory
 
@@ -131,30 +131,6 @@ def _fingerprint(config: DatasetConfig) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _stamps(paths: list[Path], data_dir: Path) -> list[list]:
-    return [[str(p.relative_to(data_dir)), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
-
-
-def _tasks_digest(gold: dict[str, str] | None, task_groups: Mapping[str, str] | None, instance_ids: list[str]) -> str:
-    """What a batch's rows depend on besides its files: each task's gold patch and split group."""
-    pairs = [[i, (gold or {}).get(i, ""), (task_groups or {}).get(i, i)] for i in instance_ids]
-    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
-
-
-def read_manifest(out_dir: str | os.PathLike) -> dict:
-    """The output folder's manifest ({} when none was written)."""
-    path = Path(out_dir) / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _write_manifest(out_dir: Path, manifest: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=out_dir)
-    with os.fdopen(fd, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out_dir / MANIFEST)
-
-
 def shard(out_dir: str | os.PathLike, kind: str, batch: str) -> Path:
     return Path(out_dir) / kind / f"{batch}.parquet"
 
@@ -181,20 +157,20 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
     for i, name in enumerate(names):
         files = layout.batch_files(name, config.include_probes)
         entry = old.get(name)
-        if (not report.built and entry and entry["files"] == _stamps(files, data_dir) and entry["before"] == names[:i]
-                and entry["gold"] == _tasks_digest(gold, task_groups, entry["instance_ids"])):
+        if (not report.built and entry and entry["files"] == stamps(files, data_dir) and entry["before"] == names[:i]
+                and entry["gold"] == tasks_digest(gold, task_groups, entry["instance_ids"])):
             manifest["batches"][name] = entry
             report.reused.append(name)
             continue
         manifest["batches"][name] = _build_batch(data_dir, out_dir, name, names[:i], files, config, gold,
                                                  task_groups, count)
         report.built.append(name)
-        _write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
+        write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
     for name in sorted(set(previous) - set(names)):
         for kind in SCHEMAS:
             shard(out_dir, kind, name).unlink(missing_ok=True)
         report.removed.append(name)
-    _write_manifest(out_dir, manifest)
+    write_manifest(out_dir, manifest)
     for entry in manifest["batches"].values():
         for key, value in entry["rows"].items():
             report.rows[key] = report.rows.get(key, 0) + value
@@ -212,7 +188,7 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
                  count: Counter) -> dict:
     """Build one batch's shards, a run of tasks at a time; its manifest entry. A file found bad only
     while streaming is left out by building the batch again without it (`skip_bad_files`), else raised."""
-    stamps = _stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
+    inputs = stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
     ids, skipped = instance_ids(files, config.skip_bad_files)
     seen = _seen(out_dir, before)
     while True:
@@ -233,8 +209,8 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
             ids.pop(Path(exc.path))
     skipped.sort(key=lambda s: files.index(Path(s.path)))
     task_ids = sorted({i for run in runs for i in run})
-    return {"files": stamps, "before": before, "instance_ids": task_ids,
-            "gold": _tasks_digest(gold, task_groups, task_ids), "rows": rows, "dropped": dropped, "groups": groups,
+    return {"files": inputs, "before": before, "instance_ids": task_ids,
+            "gold": tasks_digest(gold, task_groups, task_ids), "rows": rows, "dropped": dropped, "groups": groups,
             "checks": checks, "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 

@@ -96,7 +96,7 @@ def rows_referring_to_guidance(rows: pl.DataFrame, trajectories: pl.DataFrame) -
 
 
 def manifest_checks(manifest: dict) -> dict[str, int]:
-    """The build's `checks` summed over the batches of a datasets manifest (`build.read_manifest`)."""
+    """The build's `checks` summed over the batches of a datasets manifest (`manifest.read_manifest`)."""
     total: dict[str, int] = {}
     for entry in manifest.get("batches", {}).values():
         for key, value in entry.get("checks", {}).items():
