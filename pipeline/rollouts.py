@@ -34,13 +34,12 @@ from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
 from pipeline.vocab import CRASHED
 from sandbox.base import SandboxError, SandboxSpec
-from sandbox.docker_sandbox import reap
+from sandbox.reaper import reap_orphans
 
 log = logging.getLogger(__name__)
 
 INFRA_EXITS = ("sandbox_error", "policy_error")  # faults of the sandbox or the model server, not the policy
 LOG_TAIL = 20_000  # characters of the grading log kept per trajectory
-REAP_TIMEOUT = 10  # seconds to wait for a Docker engine before running without reaping
 NO_GUIDANCE = Guidance()
 
 
@@ -128,20 +127,6 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
         compact(out_dir)
     wanted = [stored[j.rollout_id] for j in jobs]
     return BatchSummary(wanted, len(todo), len(jobs) - len(todo), time.monotonic() - start, pool.stats.as_metadata())
-
-
-def reap_orphans(progress: Callable[[str], None] = log.info) -> list[str]:
-    """Remove sandbox containers whose process on this host is gone; nothing when no Docker engine answers."""
-    try:
-        client = docker.from_env(timeout=REAP_TIMEOUT)
-        removed = reap(client)
-        client.close()
-    except (docker.errors.DockerException, OSError) as exc:  # no engine, or another run removed one first
-        log.info("reaped no orphaned sandboxes: %s", exc)
-        return []
-    if removed:
-        progress(f"removed {len(removed)} sandbox containers left by dead processes: {', '.join(removed)}")
-    return removed
 
 
 def _stored(out_dir: Path, progress: Callable[[str], None]) -> dict[str, Trajectory]:

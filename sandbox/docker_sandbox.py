@@ -293,30 +293,3 @@ def _read_all_frames(sock, timeout: float) -> bytes:
         out += data[at + 8:at + 8 + size]
         at += 8 + size
     return bytes(out)
-
-
-def reap(client: docker.DockerClient | None = None, max_age: float | None = None) -> list[str]:
-    """Remove handhold containers whose process on this host is gone (or older than max_age s)."""
-    client = client or docker_client()
-    host, removed = socket.gethostname(), []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=sandbox"}):
-        labels = container.labels
-        pid, started = int(labels.get(f"{LABEL}.pid", "0")), int(labels.get(f"{LABEL}.started", "0"))
-        orphan = labels.get(f"{LABEL}.host") == host and not _alive(pid)
-        expired = max_age is not None and time.time() - started > max_age
-        if orphan or expired:
-            container.remove(force=True)
-            removed.append(container.short_id)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
