@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.synthesis.mutations import (
-    MUTATION_KINDS,
-    BugCandidate,
-    bug_patch,
-    collect_candidates,
-    generate_candidates,
-    gold_patch,
-)
+from pipeline.synthesis.mutations import MUTATION_KINDS, BugCandidate, collect_candidates, generate_candidates
+from pipeline.synthesis.patches import bug_patch, gold_patch
 
 SAMPLE = '''\
 """A small toolz-like module used to exercise the mutators."""

@@ -119,7 +119,7 @@ def test_gold_resolves_and_empty_does_not(toolz_task):
 
 
 def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
-    from pipeline.synthesis.mutations import file_diff
+    from pipeline.synthesis.patches import file_diff
 
     test_file = toolz_task.FAIL_TO_PASS[0].split("::")[0]
     name = toolz_task.FAIL_TO_PASS[0].split("::")[1].split("[")[0]
@@ -136,7 +136,7 @@ def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
 
 
 def test_fake_passed_lines_do_not_pass(toolz_task, synth_run):
-    from pipeline.synthesis.mutations import file_diff
+    from pipeline.synthesis.patches import file_diff
 
     init = (synth_run[3] / "src" / TOOLZ.key / "toolz" / "__init__.py").read_text()
     body = ["import atexit", "@atexit.register", "def _fake():"]

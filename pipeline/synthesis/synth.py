@@ -29,20 +29,21 @@ from pipeline.agent.policy import Policy
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.synthesis import combine as combined
+from pipeline.synthesis.bug_runs import try_candidate
 from pipeline.synthesis.difficulty import difficulty, task_difficulty
-from pipeline.synthesis.issue_writer import written_statement
-from pipeline.synthesis.mutations import BugCandidate, bug_patch, collect_candidates, gold_patch
-from pipeline.tasks.copies import hidden_copies
-from pipeline.verifier.grading import GRADER_VERSION
 from pipeline.synthesis.env_image import build_environment_image
+from pipeline.synthesis.issue_writer import written_statement
+from pipeline.synthesis.mutations import BugCandidate, collect_candidates
 from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fetch_source, package_specs, resolve,
                                          test_command)
-from pipeline.synthesis.bug_runs import try_candidate
+from pipeline.synthesis.patches import bug_patch, gold_patch
 from pipeline.synthesis.rewrite import rewrite_candidates
 from pipeline.synthesis.statements import failure_messages_from_log
 from pipeline.synthesis.suite import LOG_PARSER, Baseline, baseline, runnable
 from pipeline.synthesis.synth_config import SynthConfig, SynthReport
+from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
+from pipeline.verifier.grading import GRADER_VERSION
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
