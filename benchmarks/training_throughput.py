@@ -28,7 +28,8 @@ from pipeline.datasets.card import CardInfo  # noqa: E402
 from pipeline.datasets.export import export_dataset  # noqa: E402
 from pipeline.records import Action  # noqa: E402
 from tests.test_datasets_build import traj  # noqa: E402
-from training.actguide import prepare_examples, train_actguide  # noqa: E402
+from training.actguide import train_actguide  # noqa: E402
+from training.actguide_examples import prepare_examples  # noqa: E402
 from training.common import read_split  # noqa: E402
 from training.config import ActGuideTrainingConfig, DPOTrainingConfig  # noqa: E402
 from training.dpo import train_dpo  # noqa: E402

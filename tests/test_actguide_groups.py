@@ -17,7 +17,7 @@ from pipeline.rescue import GuidanceConfig, action_plans, failed_groups, guided_
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_batch_local import BUG, FIX, calc_task, make_repo
-from training.actguide import group_advantages, training_group
+from training.actguide_examples import group_advantages, training_group
 
 CONFIG = RolloutConfig(attempts=2, workers=2, agent=AgentConfig(max_steps=8))
 SEARCH = GuidanceConfig(kinds=("action",), action_source="expert", compare_linear=False)

@@ -18,7 +18,8 @@ import torch
 from transformers import AutoTokenizer
 
 from pipeline.agent.policy import PolicyIdentity
-from training.actguide import ActGuideTrainer, prepare_examples
+from training.actguide import ActGuideTrainer
+from training.actguide_examples import prepare_examples
 from training.common import TrainingDataError
 from training.config import ActGuideTrainingConfig
 from training.tiny_model import IM_END, build_tiny_model

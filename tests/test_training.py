@@ -18,8 +18,8 @@ from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.records import Action
 from tests.test_datasets_build import TASK_T1, traj
-from training.actguide import (ActGuideTrainer, group_advantages, prepare_examples, response_logps, train_actguide,
-                               training_group)
+from training.actguide import ActGuideTrainer, response_logps, train_actguide
+from training.actguide_examples import group_advantages, prepare_examples, training_group
 from training.common import read_run, read_split
 from training.config import ActGuideTrainingConfig, DPOTrainingConfig, LoraSettings
 from training.dpo import train_dpo

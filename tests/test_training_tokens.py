@@ -104,7 +104,8 @@ def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_dir,
     from pipeline.store import read_records, write_rows
     from sandbox.local_sandbox import LocalSandbox
     from tests.test_agent_loop import make_repo
-    from training.actguide import ActGuideTrainer, prepare_examples
+    from training.actguide import ActGuideTrainer
+    from training.actguide_examples import prepare_examples
     from training.config import ActGuideTrainingConfig
 
     policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(tiny_dir), max_new_tokens=8))
