@@ -10,7 +10,8 @@ import pytest
 
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, Usage
-from pipeline.records import Action, Guidance, GuidancePlan, Task
+from pipeline.record_parts import Action
+from pipeline.records import Guidance, GuidancePlan, Task
 from pipeline.layout import probe_batch
 from pipeline.rescue import GuidanceConfig, action_plans, probe_job
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch

@@ -21,7 +21,8 @@ from pipeline.datasets.files import read_trajectories
 from pipeline.datasets.formats import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
 from pipeline.layout import Layout
-from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Action, Trajectory
+from pipeline.record_parts import Action
+from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Trajectory
 from pipeline.schema import record_schema
 from pipeline.store import write_rows
 

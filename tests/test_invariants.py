@@ -70,7 +70,7 @@ def test_the_whole_reference_resolves_and_stored_rewards_reproduce(toolz_task):
 
 def test_probes_holding_the_reference_edit_must_resolve():
     from pipeline.invariants import edit_prefix_failures, last_edit
-    from pipeline.records import Action
+    from pipeline.record_parts import Action
 
     actions = tuple(Action.of(a) for a in [
         {"name": "bash", "args": {"command": "grep -rn x ."}},

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.records import (ACTION_SCHEMA, GUIDANCE_PLAN_SCHEMA, GUIDANCE_SCHEMA, MESSAGE_SCHEMA, REJECT_SCHEMA,
-                              STEP_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA, Action, Guidance, GuidancePlan, Message,
-                              RejectedTask, Step, Task, Trajectory)
+from pipeline.record_parts import ACTION_SCHEMA, MESSAGE_SCHEMA, STEP_SCHEMA, Action, Message, Step
+from pipeline.records import (GUIDANCE_PLAN_SCHEMA, GUIDANCE_SCHEMA, REJECT_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA,
+                              Guidance, GuidancePlan, RejectedTask, Task, Trajectory)
 from pipeline.rollouts import RolloutConfig, run_batch
 from pipeline.schema import from_row, record_schema, to_row
 from pipeline.store import RecordContractError, read_records, write_rows
@@ -143,7 +143,7 @@ def test_a_schema_is_derived_from_its_dataclass():
     import pyarrow as pa
     import pytest
 
-    from pipeline.records import Action
+    from pipeline.record_parts import Action
     from pipeline.schema import fields_of
 
     @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
-from pipeline.records import Action
+from pipeline.record_parts import Action
 from tests.test_datasets_build import TASK_T1, traj
 from training.actguide import ActGuideTrainer, response_logps, train_actguide
 from training.actguide_examples import group_advantages, prepare_examples, training_group

@@ -11,7 +11,8 @@ from pipeline.agent.policy import AssistantTurn, Policy, PolicyError, PolicyIden
 from pipeline.agent.prompts import system_prompt, task_prompt
 from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_call, tool_response
 from pipeline.agent.tools import TOOLS, check_arguments, execute
-from pipeline.records import Step, Task
+from pipeline.record_parts import Step
+from pipeline.records import Task
 from sandbox.base import Sandbox, SandboxError
 
 ExitStatus = Literal["submitted", "max_steps", "max_tokens", "max_wall_time", "format_errors",
