@@ -148,3 +148,19 @@ def test_an_sdist_shipping_build_lib_and_backups_yields_an_image_without_them(sy
         found, _ = search_sandbox(sb, tasks[0])
     assert found == [], found
 
+
+
+def test_the_bytecode_of_every_file_a_bug_touches_is_removed_renamed_and_deleted_ones_included():
+    from pipeline.verifier.environment import no_bytecode
+
+    patch = ("diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n@@ -1 +1 @@\n-a\n+b\n"
+             "diff --git a/pkg/old.py b/pkg/new.py\nrename from pkg/old.py\nrename to pkg/new.py\n"
+             "--- a/pkg/old.py\n+++ b/pkg/new.py\n@@ -1 +1 @@\n-x\n+y\n"
+             "diff --git a/gone.py b/gone.py\ndeleted file mode 100644\n--- a/gone.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-z\n"
+             "diff --git a/data.txt b/data.txt\n--- a/data.txt\n+++ b/data.txt\n@@ -1 +1 @@\n-1\n+2\n")
+    removed = no_bytecode(patch).split()
+    assert removed[:2] == ["rm", "-f"] and "data" not in " ".join(removed)
+    for name in ("pkg/core", "pkg/old", "pkg/new", "gone"):
+        folder, _, stem = name.rpartition("/")
+        assert f"{folder + '/' if folder else ''}__pycache__/{stem}.*.pyc" in removed and f"{name}.pyc" in removed
+    assert no_bytecode("") == "true"

@@ -52,7 +52,9 @@ def no_bytecode(setup_patch: str) -> str:
     """Shell removing the bytecode of the files a setup patch touches: compiled before the bug was applied
     (the environment image compiles its tree), it is the original code. The rest of the tree's bytecode
     is of files the agent reads as they are, and spares every run of the tests compiling them."""
-    sources = [Path(f.path) for f in PatchSet(setup_patch) if f.path.endswith(".py")]
+    named = {name.split("/", 1)[1] for f in PatchSet(setup_patch) for name in (f.source_file, f.target_file)
+             if name and name != "/dev/null" and "/" in name}  # a/ and b/ sides: a renamed file's old name too
+    sources = sorted(Path(name) for name in named if name.endswith(".py"))
     compiled = [f"{shlex.quote(str(p.parent / '__pycache__' / p.stem))}.*.pyc {shlex.quote(str(p) + 'c')}"
                 for p in sources]
     return f"rm -f -- {' '.join(compiled)}" if compiled else "true"
