@@ -3,7 +3,7 @@
 It uses only the tools any policy has: runs the tests, reads the failure, opens the code it
 points at (or the function named like the failing test), tries a bounded number of
 single-line repairs near it (the inverse of common bugs: a flipped comparison, a constant
-off by one, `and`/`or`, a stray `not`, ...), re-runs the failing test, and submits. It
+off by one, `and`/`or`, a stray `not`, ...; pipeline/agent/repairs.py), re-runs the failing test, and submits. It
 follows guidance when given: a reference action prefix is replayed first, and files,
 functions and lines a teacher names are searched first. An honest baseline: it solves
 what those repairs can reach and nothing else.
@@ -18,23 +18,15 @@ import json
 import random
 import re
 from dataclasses import asdict, dataclass
-from typing import Generator, Iterator
+from typing import Generator
 
 from pipeline.agent.policy import AssistantTurn, Usage
+from pipeline.agent.repairs import code_lines, line_repairs
 from pipeline.vocab import HINT_HEADER
 
 # pipefail: the tool reports pytest's exit code, not tail's (a failing run must not say "exit code: 0")
 SUITE = "(set -o pipefail; python -m pytest -x -q --tb=short -p no:cacheprovider 2>&1 | tail -n 80)"
 TOOL_WORDS = {"bash", "edit", "view", "view_range", "create", "str_replace", "insert", "submit", "old_str"}
-REPAIRS = [  # (pattern, replacement): each applied at one match at a time
-    (r"==", "!="), (r"!=", "=="), (r"<=", "<"), (r">=", ">"), (r"(?<![<>=!-])<(?![<=])", "<="),
-    (r"(?<![<>=!-])>(?![>=])", ">="), (r"(?<![<>=!-])<(?![<=])", ">="), (r"(?<![<>=!-])>(?![>=])", "<="),
-    (r"\bis not\b", "is"), (r"\bis\b(?! not)", "is not"), (r"\bnot in\b", "in"), (r"\band\b", "or"),
-    (r"\bor\b", "and"), (r"\bnot ", ""), (r"\b(if|while|elif) (?!not )", r"\1 not "), (r"\bTrue\b", "False"),
-    (r"\bFalse\b", "True"), (r" \+ ", " - "), (r" - ", " + "), (r" \* ", " // "), (r" // ", " * "),
-]
-
-
 @dataclass(frozen=True)
 class HeuristicConfig:
     """Bounds of the heuristic's search."""
@@ -202,45 +194,6 @@ def repair_candidates(target: Target, rng: random.Random,
     return ordered
 
 
-def code_lines(lines: dict[int, str], function_start: int = 0) -> list[int]:
-    """Line numbers holding code: no docstrings, comments or blank lines; within the function if given."""
-    out, in_string = [], False
-    indent = None
-    for number in sorted(lines):
-        text = lines[number]
-        stripped = text.strip()
-        if function_start and number > function_start and stripped and indent is not None \
-                and len(text) - len(text.lstrip()) <= indent:
-            break  # the function ended
-        if number == function_start:
-            indent = len(text) - len(text.lstrip())
-        quotes = stripped.count('"""') + stripped.count("'''")
-        if in_string or quotes:
-            in_string = in_string != (quotes % 2 == 1)
-            continue
-        if _is_code(text):
-            out.append(number)
-    return out
-
-
-def line_repairs(line: str) -> Iterator[str]:
-    """Every single-edit variant of a line under the repair patterns."""
-    seen = {line}
-    for pattern, replacement in REPAIRS:
-        for match in re.finditer(pattern, line):
-            new = line[: match.start()] + match.expand(replacement) + line[match.end():]
-            if new not in seen:
-                seen.add(new)
-                yield new
-    for match in re.finditer(r"(?<![\w.])(\d+)(?![\w.])", line):
-        n = int(match.group(1))
-        for m in (n + 1, n - 1):
-            new = line[: match.start()] + str(m) + line[match.end():]
-            if m >= 0 and new not in seen:
-                seen.add(new)
-                yield new
-
-
 def action_hint(prompt: str) -> list[tuple[str, dict]]:
     """The actions of an ActGuide 'Reference action trajectory hint:' block, in order."""
     if HINT_HEADER not in prompt:
@@ -288,11 +241,6 @@ def _names_from_test(test: str) -> list[str]:
 
 def _is_test_path(path: str) -> bool:
     return bool(re.search(r"(^|/)(tests?/|test_[^/]*$|conftest\.py$)", path))
-
-
-def _is_code(text: str) -> bool:
-    stripped = text.strip()
-    return bool(stripped) and not stripped.startswith(("#", '"', "'", "def ", "class ", "@"))
 
 
 def _unique(targets: list[Target]) -> list[Target]:

@@ -9,13 +9,13 @@ Read from the files pytest and the build tools read themselves: the pytest confi
 from __future__ import annotations
 
 import ast
-import configparser
 import re
 import shlex
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.synthesis.config_files import config_lines, merge_requirements, read_ini, read_toml, requirement_name
 
 PYTEST = "pytest>=8,<9"
 TEST_EXTRAS = ("test", "tests", "testing")
@@ -25,12 +25,6 @@ NOT_SOURCE = {"tests", "test", "testing", "docs", "doc", "examples", "example", 
               "tools", "build", "dist", "tasks", "ci", "bin"}
 NOT_SOURCE_FILES = {"setup.py", "conftest.py", "noxfile.py", "fabfile.py", "tasks.py", "conf.py", "version.py",
                     "_version.py", "__main__.py"}
-# Requirements that lint, type-check, document, measure coverage or parallelize: never needed to run a test.
-TOOLING = re.compile(r"^(mypy|black|ruff|flake8.*|pylint|isort|sphinx.*|pre-commit|tox|nox|twine|build|coverage|"
-                     r"pytest-cov|codecov|check-manifest|pyright|types-.*|furo|myst-.*|docutils|pytest-xdist|"
-                     r"pytest-mypy.*|pytest-flake8|pytest-black|pytest-ruff|pytest-isort|pytest-codspeed|"
-                     r"ipython|ipdb|pip|wheel|setuptools|bump.*|towncrier|readme-renderer|jaraco\.packaging|"
-                     r"rst\.linker|pytest-checkdocs|pytest-enabler|pytest-sugar|pytest-randomly)$")
 # addopts that need a plugin this project does not install (coverage, xdist, linters): dropped from addopts.
 DROPPED_OPTS = ("--cov", "--no-cov", "-n", "--numprocesses", "--dist", "--maxprocesses", "--mypy", "--flake8",
                 "--black", "--ruff", "--isort", "--pylint", "--codestyle", "--checkdocs", "--enabler")
@@ -70,11 +64,11 @@ def pytest_config(root: Path) -> tuple[str, dict[str, str]]:
         if not path.is_file():
             continue
         if section is None:
-            options = _toml(path).get("tool", {}).get("pytest", {}).get("ini_options")
+            options = read_toml(path).get("tool", {}).get("pytest", {}).get("ini_options")
             if options is not None:
                 return name, {k: " ".join(map(str, v)) if isinstance(v, list) else str(v) for k, v in options.items()}
             continue
-        parser = _ini(path)
+        parser = read_ini(path)
         if parser.has_section(section):
             return name, dict(parser.items(section, raw=True))
     return "", {}
@@ -92,9 +86,9 @@ def discover(root: Path, name: str) -> Discovered:
     plugins += [dist for key, dist in INI_PLUGINS.items() if key in ini]
     plugins += ini.get("required_plugins", "").split()
     guessed = _imported_requirements(root, paths, name)
-    requirements = [PYTEST, *(r for r in _merge(plugins, declared) if _name(r) != "pytest")]
-    have = {_name(r) for r in requirements} | {"pytest"}
-    guessed = [g for g in _merge(guessed) if not any(h == _name(g) or h.startswith(_name(g) + "-") for h in have)]
+    requirements = [PYTEST, *(r for r in merge_requirements(plugins, declared) if requirement_name(r) != "pytest")]
+    have = {requirement_name(r) for r in requirements} | {"pytest"}
+    guessed = [g for g in merge_requirements(guessed) if not any(h == requirement_name(g) or h.startswith(requirement_name(g) + "-") for h in have)]
     if guessed:
         found.append(f"imported by the tests: {', '.join(guessed)}")
     return Discovered(tuple(paths), tuple(_source_globs(root, name)), tuple(requirements + guessed),
@@ -140,7 +134,7 @@ def _source_globs(root: Path, name: str) -> list[str]:
 
 def _declared_requirements(root: Path, found: list[str]) -> list[str]:
     out: list[str] = []
-    pyproject = _toml(root / "pyproject.toml") if (root / "pyproject.toml").is_file() else {}
+    pyproject = read_toml(root / "pyproject.toml") if (root / "pyproject.toml").is_file() else {}
     extras = {**_setup_extras(root), **pyproject.get("project", {}).get("optional-dependencies", {})}
     groups = pyproject.get("dependency-groups", {})
     tables = ((extras, "extra"), (groups, "dependency group"))
@@ -168,9 +162,9 @@ def _setup_extras(root: Path) -> dict[str, list[str]]:
     """extras_require of setup.cfg, or of a literal dict in setup.py."""
     extras: dict[str, list[str]] = {}
     if (root / "setup.cfg").is_file():
-        parser = _ini(root / "setup.cfg")
+        parser = read_ini(root / "setup.cfg")
         if parser.has_section("options.extras_require"):
-            extras |= {k: _lines(v) for k, v in parser.items("options.extras_require", raw=True)}
+            extras |= {k: config_lines(v) for k, v in parser.items("options.extras_require", raw=True)}
     if (root / "setup.py").is_file():
         try:
             tree = ast.parse((root / "setup.py").read_text(errors="replace"))
@@ -189,10 +183,10 @@ def _tox_option(root: Path, option: str) -> list[str]:
     """Lines of a [testenv] option of tox.ini, factor conditions ("py38: foo") removed."""
     if not (root / "tox.ini").is_file():
         return []
-    parser = _ini(root / "tox.ini")
+    parser = read_ini(root / "tox.ini")
     if not parser.has_option("testenv", option):
         return []
-    lines = _lines(parser.get("testenv", option, raw=True))
+    lines = config_lines(parser.get("testenv", option, raw=True))
     return [re.sub(r"^[\w,{}!-]+:\s*", "", line) for line in lines]
 
 
@@ -213,7 +207,7 @@ def _requirements_file(path: Path, depth: int = 0) -> list[str]:
     if not path.is_file() or depth > 3:
         return []
     out = []
-    for line in _lines(path.read_text(errors="replace")):
+    for line in config_lines(path.read_text(errors="replace")):
         if line.startswith(("-r", "--requirement")):
             out += _requirements_file(path.parent / line.split(None, 1)[-1].removeprefix("-r").strip(), depth + 1)
         elif not line.startswith("-"):
@@ -264,44 +258,3 @@ def _imported_requirements(root: Path, paths: list[str], name: str) -> list[str]
                 modules.add(node.module.split(".")[0])
     modules -= set(sys.stdlib_module_names) | local | {"pytest", "_pytest", "__future__"}
     return sorted(IMPORT_DISTS.get(m, m.replace("_", "-")) for m in modules)
-
-
-def _merge(*groups: list[str]) -> list[str]:
-    """Requirements without tooling or duplicates, loosened to name, extras and markers: old pins predate
-    Python 3.11 and pytest 8 (the project's pytest pin is the only version kept)."""
-    out: dict[str, str] = {}
-    for group in groups:
-        for req in group:
-            req = req.split(" #", 1)[0].strip()
-            key = "" if "://" in req or req.startswith(("git+", "hg+")) else _name(req)
-            if not key or key in out or TOOLING.match(key):
-                continue
-            match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?", req)
-            marker = req.split(";", 1)[1].strip() if ";" in req else ""
-            out[key] = match.group(1) + (match.group(2) or "") + (f"; {marker}" if marker else "")
-    return list(out.values())
-
-
-def _name(req: str) -> str:
-    match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
-    return re.sub(r"[-_.]+", "-", match.group(1)).lower() if match else ""
-
-
-def _lines(text: str) -> list[str]:
-    return [s for s in (line.split("#", 1)[0].strip() for line in text.splitlines()) if s]
-
-
-def _toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text(errors="replace"))
-    except tomllib.TOMLDecodeError:
-        return {}
-
-
-def _ini(path: Path) -> configparser.RawConfigParser:
-    parser = configparser.RawConfigParser(strict=False)
-    try:
-        parser.read_string(path.read_text(errors="replace"))
-    except configparser.Error:
-        pass
-    return parser
