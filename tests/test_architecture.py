@@ -44,3 +44,9 @@ def test_the_verifier_imports_only_records_and_the_sandbox():
 def test_a_cycle_is_found():
     g = import_graph()
     assert g.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_over_300_lines():
+    g = import_graph()
+    long = {name: n for name, path in g.modules().items() if (n := len(path.read_text().splitlines())) > 300}
+    assert long == {}, "split these by what they own (docs/architecture.md)"
