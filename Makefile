@@ -30,8 +30,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "handhold needs Python >= 3.11"'
-	test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	bash scripts/install_venv.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 
 docker:

@@ -25,7 +25,8 @@ if ! command -v debootstrap >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 fi
 echo "Starting dockerd in the background (log: /var/log/handhold-dockerd.log)..."
-nohup dockerd >/var/log/handhold-dockerd.log 2>&1 &
+# In its own session: it outlives the shell (and a Ctrl-C) that started it.
+setsid nohup dockerd >/var/log/handhold-dockerd.log 2>&1 </dev/null &
 for _ in $(seq 1 60); do
     if answers; then echo "Docker engine is up."; exit 0; fi
     sleep 1
