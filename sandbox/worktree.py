@@ -40,10 +40,13 @@ def reset_command(workdir: str, base: str | None) -> str:
 def checkout_command(base: str, git: str = GIT) -> str:
     """Shell, run in the work tree, that makes every tracked file exactly as at `base` (a quoted commit).
 
-    The index is rebuilt from the base tree without stat data and refreshed, which compares every
-    file's contents (a same-size edit in the second of the checkout included) and records the stat
-    of those that match; the hard reset then rewrites only the files that differ, so the files it
-    keeps keep their timestamps (and the bytecode compiled from them stays valid).
+    The index is rebuilt from the base tree without stat data (`read-tree` without `-m` never reads
+    the index it replaces: the agent's flags, stat data and extensions go with it) and refreshed,
+    which compares every file's contents (a same-size edit in the second of the checkout included)
+    and records the stat of those that match; the hard reset then rewrites only the files that
+    differ, so the files it keeps keep their timestamps (and the bytecode compiled from them stays
+    valid). The refresh skips the preload, a threaded stat of every file that cannot spare a single
+    content comparison in an index without stat data.
     """
-    return (f"rm -f .git/index && {git} read-tree {base} && "
-            f"{{ {git} update-index -q --refresh >/dev/null; {git} reset -q --hard {base}; }}")
+    refresh = f"{git} -c core.preloadIndex=false update-index -q --refresh >/dev/null"
+    return f"{git} read-tree {base} && {{ {refresh}; {git} reset -q --hard {base}; }}"

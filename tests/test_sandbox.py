@@ -127,6 +127,16 @@ def test_diff_and_reset(sandbox):
     assert sandbox.read_file("build/lib.so") == b"out\n"  # ignored build outputs stay
 
 
+def test_reset_ignores_what_the_agent_did_to_the_index(sandbox):
+    """Flags that make git skip a file, set by the agent, must not let a changed file through the reset."""
+    make_repo(sandbox)
+    sandbox.run("git update-index --assume-unchanged f.txt && git update-index --skip-worktree pkg/m.py "
+                "&& printf 'a\\nB\\n' > f.txt && printf 'x = 2\\n' > pkg/m.py && touch -d '2001-01-01' f.txt pkg/m.py")
+    sandbox.reset()
+    assert (sandbox.read_file("f.txt"), sandbox.read_file("pkg/m.py")) == (b"a\nb\n", b"x = 1\n")
+    assert sandbox.diff() == "" and sandbox.run("git ls-files -v").output.split() == ["H", "f.txt", "H", "pkg/m.py"]
+
+
 def test_shell_exit_is_restarted_and_reported(sandbox):
     if isinstance(sandbox, DockerSandbox):  # the agent cannot kill the root loop: only the engine side can
         sandbox.container.exec_run(["pkill", "-KILL", "-f", "handhold-shell"], user="root")
