@@ -30,9 +30,13 @@ WORKER = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from pipeline.synthesis.env_image import build_environment_image
-from pipeline.synthesis.packages import package_specs
-from pipeline.synthesis.synth import SynthConfig, synthesize
+if (Path(sys.argv[1]) / "pipeline/synthesis").is_dir():
+    from pipeline.synthesis.env_image import build_environment_image
+    from pipeline.synthesis.packages import package_specs
+    from pipeline.synthesis.synth import SynthConfig, synthesize
+else:  # a tree from before pipeline/synthesis/ (the baseline): the editable install would lend it this tree's
+    from pipeline.tasks.packages import build_environment_image, package_specs
+    from pipeline.tasks.synth import SynthConfig, synthesize
 from sandbox.images import docker_client, ensure_base_image
 client, cache = docker_client(), Path(sys.argv[2])
 config = SynthConfig(packages=tuple(sys.argv[3].split(",")), tasks_per_package=int(sys.argv[4]),

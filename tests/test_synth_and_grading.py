@@ -47,6 +47,7 @@ def test_the_time_breakdown_sums_to_the_total_and_counts_every_run(synth_run):
     verified = len(tasks) + sum(r.stage == "validate" for r in report.rejects)
     assert runs["gold_grades"] == config.validation_runs * verified and runs["empty_grade"] == verified
     assert runs["baseline"] == config.baseline_runs and runs["bug_runs"] >= report.per_package[TOOLZ.key]["tested"]
+    assert runs["callmap"] == 1 and report.per_package[TOOLZ.key]["call_map_functions"] > 100  # one traced run
 
 
 def test_a_parallel_phase_counts_each_worker_share_and_the_idle_rest_as_waiting():

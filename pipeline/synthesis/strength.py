@@ -11,11 +11,10 @@ when every FAIL_TO_PASS test still passes, the tests do not look at its result a
 from __future__ import annotations
 
 import ast
-import dataclasses
 
 from pipeline.synthesis.mutations import functions
 from pipeline.synthesis.packages import PackageSpec
-from pipeline.synthesis.suite import run_suite
+from pipeline.synthesis.suite import run_suite, with_test_files
 from sandbox.base import Sandbox
 
 
@@ -41,15 +40,9 @@ def tests_ignore_result(sandbox: Sandbox, spec: PackageSpec, file: str, source: 
     if probe is None:
         return False
     sandbox.write_file(f"{sandbox.workdir}/{file}", probe)
-    for subset in (_test_files(spec, fail_to_pass), spec):
+    for subset in (with_test_files(spec, tuple(sorted({t.split("::")[0] for t in fail_to_pass}))), spec):
         statuses, _, timed_out = run_suite(sandbox, subset, timeout)
         if timed_out or all(test in statuses for test in fail_to_pass):
             break
     return not timed_out and all(statuses.get(test) == "PASSED" for test in fail_to_pass)
 
-
-def _test_files(spec: PackageSpec, tests: list[str]) -> PackageSpec:
-    """The spec running only the files holding `tests` (a custom test command is left whole)."""
-    if spec.test_command:
-        return spec
-    return dataclasses.replace(spec, test_paths=tuple(sorted({t.split("::")[0] for t in tests})))

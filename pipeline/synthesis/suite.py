@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
+from pipeline.synthesis.callmap import CallMap
 from pipeline.synthesis.packages import PackageError, PackageSpec, test_command
 from sandbox.base import Sandbox
 
@@ -31,12 +32,21 @@ class Baseline:
     seconds: float
     flaky: frozenset[str] = frozenset()
     """Tests that passed on some pristine runs and not others."""
+    callmap: CallMap | None = None
+    """Which tests run which functions (None: unknown, every candidate runs the whole suite)."""
 
 
 def run_suite(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
     """Status per test, the log and whether it timed out (output read from a file: never capped)."""
     text, timed_out = _logged_run(sandbox, test_command(spec), "suite.log", timeout)
     return PARSER_REGISTRY[LOG_PARSER](text, None), text, timed_out
+
+
+def with_test_files(spec: PackageSpec, files: tuple[str, ...] | None) -> PackageSpec:
+    """The spec running only `files` (None, or a custom test command: the whole suite)."""
+    if files is None or spec.test_command:
+        return spec
+    return dataclasses.replace(spec, test_paths=tuple(files))
 
 
 def _logged_run(sandbox: Sandbox, command: str, log_name: str, timeout: float) -> tuple[str, bool]:

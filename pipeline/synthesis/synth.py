@@ -6,14 +6,17 @@ sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still p
 PASS_TO_PASS; the same failures on every one of `validation_runs` runs, the last of them the
 verifier's grade of the empty patch, and the gold patch resolving on every run); every stage counted
 and timed (pipeline/tasks/stage_clock.py), every package that yields nothing says why. Sandboxes run
-the suite from the bytecode the environment image holds (env_image.compile_tree); the weak-test probe
-runs the files of the FAIL_TO_PASS tests. Besides AST mutations: rewrites by the teacher LLM (`rewrite`)
+the suite from the bytecode the environment image holds (env_image.compile_tree); one traced run of the
+pristine suite maps each function to the tests that run it (callmap.py), so a bug runs only the test files
+that can see it, and one that no test runs costs no run; the weak-test probe runs the files of the
+FAIL_TO_PASS tests; the verifier's grades run the whole suite. Besides AST mutations: rewrites by the teacher LLM (`rewrite`)
 and bugs of one module combined (`combine`); every kept task carries a difficulty record in its
 provenance, summarised in the report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,6 +33,7 @@ from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.synthesis import combine as combined
 from pipeline.synthesis.bug_runs import try_candidate
+from pipeline.synthesis.callmap import traced_run
 from pipeline.synthesis.difficulty import difficulty, task_difficulty
 from pipeline.synthesis.env_image import build_environment_image
 from pipeline.synthesis.issue_writer import written_statement
@@ -92,6 +96,9 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
             spec = runnable(sandboxes[0], spec, config)
         with report.clock.stage("baseline", config.baseline_runs):
             base = baseline(sandboxes[0], spec, config)
+        with report.clock.stage("callmap"):
+            base = dataclasses.replace(base, callmap=traced_run(sandboxes[0], spec, config.suite_timeout))
+        report.note(spec.key, "call_map_functions", len(base.callmap.by_site) if base.callmap else 0)
         report.note(spec.key, "tests_found", base.total)
         report.note(spec.key, "stable_passing", len(base.passed))
         report.note(spec.key, "flaky_tests", len(base.flaky))
