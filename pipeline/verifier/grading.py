@@ -96,11 +96,12 @@ class _Run:
 
 
 def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300,
-             zero_suspicious: bool = True) -> Grade:
-    """Grade `patch` in a sandbox made by `prepare` (used before or not: the tree is put back first)."""
+             zero_suspicious: bool = True, fresh: bool = False) -> Grade:
+    """Grade `patch` in a sandbox made by `prepare`: used since (an agent's, an earlier grade's), its tree is
+    put back first; `fresh`, the caller's word that nothing ran in it since `prepare`, skips that."""
     start = time.monotonic()
     private = f"{sandbox.private}/grade-{secrets.token_hex(6)}"
-    listed = _list(sandbox, task, patch, private)
+    listed = _list(sandbox, task, patch, private, restore=not fresh)
     if listed is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
     run = _apply_and_test(sandbox, task, private, *listed, test_timeout)
@@ -118,13 +119,13 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
                  duration=time.monotonic() - start, **common)
 
 
-def _list(sandbox: Sandbox, task: Task, patch: str, private: str):
+def _list(sandbox: Sandbox, task: Task, patch: str, private: str, restore: bool):
     """Round trip 1: (plugins, installed names, patch paths, protected reasons); None when git refuses it."""
     key = (sandbox.environment, _interpreter(task.test_cmd))
     probed = _PROBED.get(key) if key[0] else None
     inputs = {f"{private}/candidate.patch": (patch.encode(), 0o600),
               f"{guard_dir(sandbox)}/{GUARD}.py": (GUARD_SOURCE.read_bytes(), 0o644)}
-    script = list_script(sandbox, private, None if probed else key[1], bool(patch.strip()))
+    script = list_script(sandbox, private, None if probed else key[1], bool(patch.strip()), restore)
     done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in ("probe", "numstat", "tracked", "refused")],
                     timeout=300)
     if done.exit_code != 0:
@@ -217,10 +218,11 @@ def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
 
 def grade(task: Task, patch: str, config: SandboxSpec | None = None, test_timeout: float = 300,
           sandboxes: SandboxFactory = task_sandbox, zero_suspicious: bool = True) -> Grade:
-    """Grade `patch` in a fresh sandbox; a sandbox or engine fault is an infra grade, never a failure."""
+    """Grade `patch` in a fresh sandbox (the factory's: nothing ran in it since `prepare`); a sandbox or engine
+    fault is an infra grade, never a failure."""
     start = time.monotonic()
     try:
         with sandboxes(task, config) as sandbox:
-            return grade_in(sandbox, task, patch, test_timeout, zero_suspicious)
+            return grade_in(sandbox, task, patch, test_timeout, zero_suspicious, fresh=True)
     except (SandboxError, OSError, docker.errors.DockerException) as exc:
         return Grade(False, "infra", f"sandbox_error: {exc}", duration=time.monotonic() - start)

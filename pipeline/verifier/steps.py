@@ -49,8 +49,9 @@ def guard_dir(sandbox: Sandbox) -> str:
     return sandbox.private.rstrip("/") + "-guard"
 
 
-def list_script(sandbox: Sandbox, private: str, python: str | None, patch: bool) -> str:
-    """Pristine tree; the probe (when `python` is given) to probe; git's verdict and paths for the patch."""
+def list_script(sandbox: Sandbox, private: str, python: str | None, patch: bool, restore: bool = True) -> str:
+    """Pristine tree (`restore`: a sandbox used since `prepare`); the probe (when `python` is given) to probe;
+    git's verdict and paths for the patch."""
     wd, guard = shlex.quote(sandbox.workdir), guard_dir(sandbox)
     probe = (f"(cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; {python} -c {shlex.quote(PROBE)} || "
              f"python3 -c {shlex.quote(PROBE)}; }}) > {private}/probe || exit 1") if python else ""
@@ -60,7 +61,7 @@ def list_script(sandbox: Sandbox, private: str, python: str | None, patch: bool)
                f"else echo refused > {private}/refused; fi") if patch else ""
     own = f"chown -R 0:0 {guard} && " if sandbox.run_as else ""
     return f"""chmod 0700 {sandbox.private} {private} && {own}chmod -R go-w {guard} || exit 1
-{pristine_tree(sandbox)}
+{pristine_tree(sandbox) if restore else ""}
 {probe}
 {listing}"""
 
