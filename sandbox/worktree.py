@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-GIT = "git -c safe.directory='*' -c core.quotepath=off"
+# The agent may write .git/config: no program it names there (an fsmonitor, hooks) runs, or answers for the tree.
+GIT = "git -c safe.directory='*' -c core.quotepath=off -c core.fsmonitor=false -c core.hooksPath=/dev/null"
 # Build and cache files a run leaves behind are never part of a patch.
 NOT_PATCH = ":(exclude,glob)**/__pycache__/** :(exclude,glob)**/*.pyc :(exclude,glob)**/*.egg-info/** " \
             ":(exclude,glob)**/.pytest_cache/**"

@@ -137,6 +137,20 @@ def test_reset_ignores_what_the_agent_did_to_the_index(sandbox):
     assert sandbox.diff() == "" and sandbox.run("git ls-files -v").output.split() == ["H", "f.txt", "H", "pkg/m.py"]
 
 
+def test_diff_and_reset_run_no_program_the_agent_configured(sandbox):
+    """An fsmonitor the agent sets in .git/config runs as git reads the tree, and may answer that nothing
+    changed: the diff and the reset never ask it."""
+    make_repo(sandbox)
+    hook, marker = f"{sandbox.scratch}/fsmonitor.sh", f"{sandbox.scratch}/fsmonitor-ran"
+    sandbox.write_file(hook, f"#!/bin/sh\ntouch {marker}\nprintf '\\0'\n")
+    sandbox.run(f"chmod +x {hook} && git config core.fsmonitor {hook} && git config core.hooksPath /nowhere "
+                "&& printf 'a\\nB\\n' > f.txt")
+    assert "-b\n+B" in sandbox.diff()
+    sandbox.reset()
+    assert sandbox.read_file("f.txt") == b"a\nb\n" and sandbox.diff() == ""
+    assert sandbox.run(f"test -e {marker}").exit_code == 1
+
+
 def test_shell_exit_is_restarted_and_reported(sandbox):
     if isinstance(sandbox, DockerSandbox):  # the agent cannot kill the root loop: only the engine side can
         sandbox.container.exec_run(["pkill", "-KILL", "-f", "handhold-shell"], user="root")
