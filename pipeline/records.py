@@ -184,7 +184,7 @@ class Trajectory:
     policy_settings: str
     """JSON of the policy's settings (never an API key)."""
     guidance_kind: str
-    """'none', 'plan', 'environment_feedback', 'environment_interaction', or 'action'."""
+    """'none', 'plan', 'environment_feedback', 'environment_interaction', 'hindsight', or 'action'."""
     guidance_text: str
     guidance_actions: tuple[Action, ...]
     """Reference actions (action guidance); empty otherwise."""

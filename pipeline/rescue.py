@@ -23,7 +23,7 @@ from pipeline.layout import probe_batch
 from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
-from pipeline.vocab import GUIDANCE_KINDS, TEACHER_KINDS, GuidanceKind
+from pipeline.vocab import GUIDANCE_KINDS, RLVR_KINDS, GuidanceKind
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class GuidanceConfig:
     """Which guidance failed tasks get, and how the action prefix is searched."""
 
     kinds: tuple[GuidanceKind, ...] = GUIDANCE_KINDS
-    """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'action'."""
+    """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'hindsight', 'action'."""
     delta: float = 0.0
     """A task gets guidance only when its unguided group's best reward is at most this."""
     probes_per_step: int = 2
@@ -90,22 +90,27 @@ def make_teacher(config: GuidanceConfig, api_key: str | None = None) -> Teacher:
 
 def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], teacher: Teacher,
                   config: GuidanceConfig) -> list[GuidancePlan]:
-    """Teacher guidance of the configured kinds for each failed task; leaks flagged (and rejected)."""
+    """Teacher guidance of the configured kinds for each failed task: Agent-RLVR's from its first failed attempt,
+    hindsight from the whole group; leaks flagged (and rejected)."""
     plans = []
     for iid, group in failed.items():
-        try:
-            items = flag_leaks(teacher.teach(tasks[iid], group[0]), tasks[iid])
-        except Exception as exc:  # a teacher's failure (API, parse, odd patch) is that task's, not the batch's
-            log.warning("teacher failed on %s: %s", iid, exc)
-            plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc))
-                      for k in TEACHER_KINDS if k in config.kinds]
-            continue
-        for g in items:
-            if g.kind in config.kinds:
-                rejected = g.leaked and config.reject_leaks
-                plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, files=tuple(g.files),
-                                          functions=tuple(g.functions), leaked=g.leaked, accepted=not rejected,
-                                          reason="guidance copies the gold patch" if rejected else ""))
+        asks = [(kinds, ask) for kinds, ask in ((RLVR_KINDS, lambda: teacher.teach(tasks[iid], group[0])),
+                                                (("hindsight",), lambda: [teacher.hindsight(tasks[iid], group)]))
+                if set(kinds) & set(config.kinds)]
+        for kinds, ask in asks:
+            try:
+                items = flag_leaks(ask(), tasks[iid])
+            except Exception as exc:  # a teacher's failure (API, parse, odd patch) is that task's, not the batch's
+                log.warning("teacher failed on %s: %s", iid, exc)
+                plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc))
+                          for k in kinds if k in config.kinds]
+                continue
+            for g in items:
+                if g.kind in config.kinds:
+                    rejected = g.leaked and config.reject_leaks
+                    plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, files=tuple(g.files),
+                                              functions=tuple(g.functions), leaked=g.leaked, accepted=not rejected,
+                                              reason="guidance copies the gold patch" if rejected else ""))
     return plans
 
 

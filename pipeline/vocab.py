@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-TeacherKind = Literal["plan", "environment_feedback", "environment_interaction"]
-"""Guidance a teacher writes (Agent-RLVR): a plan, feedback on the environment, hints on interacting with it."""
+RlvrKind = Literal["plan", "environment_feedback", "environment_interaction"]
+"""Agent-RLVR's guidance, written from one failed attempt: a plan, feedback on the environment, hints on
+interacting with it."""
+TeacherKind = Literal[RlvrKind, "hindsight"]
+"""Guidance a teacher writes: Agent-RLVR's kinds, then hindsight (what the group's failed attempts got wrong)."""
 GuidanceKind = Literal[TeacherKind, "action"]
 """Every guidance kind: the teacher's, then a prefix of reference actions (ActGuide-RL)."""
 DatasetKind = Literal["dpo", "actguide", "sft"]
 """The datasets built from trajectories, each a config of the exported dataset."""
 
+RLVR_KINDS: tuple[RlvrKind, ...] = get_args(RlvrKind)
 TEACHER_KINDS: tuple[TeacherKind, ...] = get_args(TeacherKind)
 GUIDANCE_KINDS: tuple[GuidanceKind, ...] = get_args(GuidanceKind)
 DATASET_KINDS: tuple[DatasetKind, ...] = get_args(DatasetKind)

@@ -94,7 +94,8 @@ def test_llm_teachers_over_http(protocol, toolz_task, synth_run, monkeypatch, tm
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     failed = _one_failed_trajectory(toolz_task, tmp_path)
     server_cls = OpenAIServer if protocol == "openai" else AnthropicServer
-    server = server_cls([Reply(text=f"Here you go:\n{ANSWER}"), Reply(text="no json here")])
+    server = server_cls([Reply(text=f"Here you go:\n{ANSWER}"), Reply(text="no json here"),
+                         Reply(text=f"```json\n{HINDSIGHT}\n```"), Reply(text='{"plan": "wrong kind"}')])
     with server as url:
         client = OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0)) \
             if protocol == "openai" else AnthropicPolicy(AnthropicPolicyConfig(model="teacher", base_url=url,
@@ -105,15 +106,46 @@ def test_llm_teachers_over_http(protocol, toolz_task, synth_run, monkeypatch, tm
         assert items[0].files == ("toolz/itertoolz.py",) and items[0].teacher == f"llm:{client.name}"
         with pytest.raises(TeacherError, match=toolz_task.instance_id):
             teacher.teach(toolz_task, failed)
-    sent = json.dumps(server.requests)
-    assert "Never write the code of the fix" in sent and toolz_task.problem_statement[:40] in sent
+        hint = teacher.hindsight(toolz_task, [failed, failed])
+        assert (hint.kind, hint.files, hint.functions) == ("hindsight", ("toolz/itertoolz.py",), ("merge_sorted",))
+        assert hint.text.startswith("Both attempts edited the test") and hint.teacher == f"llm:{client.name}"
+        with pytest.raises(TeacherError, match="hindsight"):
+            teacher.hindsight(toolz_task, [failed])
+    sent = [json.dumps(r) for r in server.requests]
+    assert "Never write the code of the fix" in sent[0] and toolz_task.problem_statement[:40] in sent[0]
+    assert "Every attempt failed" in sent[2] and "### Attempt 2" in sent[2] and "### Attempt 3" not in sent[2]
+    assert "The reference fix" in sent[2]  # the teacher sees the gold patch; the hint must not quote it
 
 
-def _one_failed_trajectory(task, tmp_path):
+HINDSIGHT = json.dumps({"hindsight": "Both attempts edited the test file; the failure is in `merge_sorted`.",
+                        "files": ["toolz/itertoolz.py"], "functions": ["merge_sorted"]})
+
+
+def _one_failed_trajectory(task, tmp_path, max_steps: int = 3, attempts: int = 1):
     policy = HeuristicPolicy()
-    config = RolloutConfig(attempts=1, workers=1, agent=AgentConfig(max_steps=3))
-    (traj,) = run_batch(plan_jobs([task], policy, config, "t"), policy, config, tmp_path / "t", "t").trajectories
-    return traj
+    config = RolloutConfig(attempts=attempts, workers=1, agent=AgentConfig(max_steps=max_steps))
+    trajs = run_batch(plan_jobs([task], policy, config, "t"), policy, config, tmp_path / "t", "t").trajectories
+    return trajs[0] if attempts == 1 else trajs
+
+
+def test_rule_hindsight_names_the_shared_mistake_and_the_place_never_the_fix(toolz_task, tmp_path):
+    """Two attempts cut after their first action (running the suite): neither edited anything nor ran the
+    failing test by name; the hint says both, and where to look."""
+    group = _one_failed_trajectory(toolz_task, tmp_path, max_steps=1, attempts=2)
+    assert [t.patch for t in group] == ["", ""] and not any(t.resolved for t in group)
+    hint = RuleTeacher().hindsight(toolz_task, group)
+    provenance = json.loads(toolz_task.provenance)
+    function = provenance["function"].split(".")[-1]
+    assert hint.kind == "hindsight" and hint.files == (provenance["file"],) and hint.functions == (function,)
+    assert hint.text.startswith("None of the 2 attempts changed the repository")
+    assert f"No attempt ran the failing test `{toolz_task.FAIL_TO_PASS[0]}`" in hint.text
+    assert f"`{provenance['file']}` (`{function}`)" in hint.text
+    assert not any(l[1:].strip() in hint.text for l in toolz_task.patch.splitlines()
+                   if l.startswith("+") and not l.startswith("+++") and len(l[1:].strip()) > 5)
+    plans = teacher_plans({toolz_task.instance_id: toolz_task}, {toolz_task.instance_id: group}, RuleTeacher(),
+                          GuidanceConfig(kinds=("hindsight",)))
+    assert [(p.kind, p.accepted, p.leaked) for p in plans] == [("hindsight", True, False)]
+    assert plans[0].text == hint.prompt_text()
 
 
 def test_rule_teacher_names_the_place_without_the_fix(toolz_task, tmp_path):

@@ -1,50 +1,39 @@
-"""Teachers write Agent-RLVR guidance for a failed attempt: a plan, environment feedback, and
-environment-interaction advice. An LLM teacher (Anthropic or OpenAI-compatible) or an
-offline rule-based one that derives the same three kinds from the gold patch, the failing
-tests and the trajectory's tool errors. Guidance that copies the gold patch is flagged.
+"""Teachers write guidance for a failed group: Agent-RLVR's plan, environment feedback and
+environment-interaction advice from one failed attempt, and a hindsight hint from all of them
+(pipeline/guidance/hindsight.py). An LLM teacher (Anthropic or OpenAI-compatible) or an offline
+rule-based one that derives every kind from the gold patch, the failing tests and the attempts.
+Guidance that copies the gold patch is flagged.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from importlib.resources import files
 from string import Template
 from typing import Protocol
 
 from pipeline.agent.policy import Policy
 from pipeline.guidance.expert import patch_edits
+from pipeline.guidance.hindsight import hindsight_prompt, parse_hindsight_answer, rule_hindsight
+from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, describe_change,
+                                            enclosing_function, tool_messages)
 from pipeline.records import Task, Trajectory
-from pipeline.vocab import TEACHER_KINDS, TeacherKind
+from pipeline.vocab import RLVR_KINDS
 
-@dataclass(frozen=True)
-class TeacherGuidance:
-    """One piece of guidance for one task."""
-
-    kind: TeacherKind
-    text: str
-    files: tuple[str, ...] = ()
-    functions: tuple[str, ...] = ()
-    teacher: str = ""
-    leaked: bool = False
-    """The text contains a changed line of the gold patch verbatim."""
-
-    def prompt_text(self) -> str:
-        """What the guided attempt's task prompt gets."""
-        return f"Guidance ({self.kind.replace('_', ' ')}):\n{self.text.strip()}"
+__all__ = ["LLMTeacher", "RuleTeacher", "Teacher", "TeacherError", "TeacherGuidance", "flag_leaks", "leaks_patch"]
 
 
 class Teacher(Protocol):
     name: str
 
     def teach(self, task: Task, failed: Trajectory) -> list[TeacherGuidance]:
-        """Guidance of every kind for a task, from one of its failed attempts."""
+        """Agent-RLVR's kinds for a task, from one of its failed attempts."""
         ...
 
-
-class TeacherError(RuntimeError):
-    """The teacher's answer could not be used (not JSON, missing kinds)."""
+    def hindsight(self, task: Task, group: list[Trajectory]) -> TeacherGuidance:
+        """The hindsight hint for a task, from its group's failed attempts."""
+        ...
 
 
 def leaks_patch(text: str, patch: str) -> bool:
@@ -61,35 +50,8 @@ def flag_leaks(items: list[TeacherGuidance], task: Task) -> list[TeacherGuidance
 
 # -- the offline, rule-based teacher ------------------------------------------------------------
 
-CHANGE_WORDS = [  # (test on removed+added text, description): what kind of change, never the change
-    (lambda old, new: bool(set(re.findall(r"[<>=!]=?|\bnot\b|\bis\b|\bin\b", old))
-                           ^ set(re.findall(r"[<>=!]=?|\bnot\b|\bis\b|\bin\b", new))),
-     "a comparison or condition there is the wrong way round"),
-    (lambda old, new: set(re.findall(r"\band\b|\bor\b", old)) != set(re.findall(r"\band\b|\bor\b", new)),
-     "a boolean combination there joins its conditions the wrong way"),
-    (lambda old, new: re.findall(r"\b\d+\b", old) != re.findall(r"\b\d+\b", new),
-     "a numeric constant or bound there is off"),
-    (lambda old, new: old.count("\n") < new.count("\n"), "something the code needs there is missing"),
-]
-
-
-def describe_change(old: str, new: str) -> str:
-    for test, words in CHANGE_WORDS:
-        if test(old, new):
-            return words
-    return "the logic there does not do what the tests expect"
-
-
-def enclosing_function(task: Task, path: str) -> str:
-    prov = json.loads(task.provenance or "{}")
-    if prov.get("file") == path and prov.get("function"):
-        return prov["function"].split(".")[-1]
-    match = re.search(rf"\+\+\+ b/{re.escape(path)}\n@@[^@]*@@ .*?def (\w+)", task.patch)
-    return match.group(1) if match else ""
-
-
 class RuleTeacher:
-    """Derives the three kinds of guidance from the gold patch, the failing tests and tool errors."""
+    """Derives every kind of guidance from the gold patch, the failing tests, tool errors and the attempts."""
 
     name = "rule"
 
@@ -109,6 +71,9 @@ class RuleTeacher:
                 TeacherGuidance("environment_feedback", feedback, (path,), funcs, self.name),
                 TeacherGuidance("environment_interaction", interaction, (path,), funcs, self.name)]
 
+    def hindsight(self, task: Task, group: list[Trajectory]) -> TeacherGuidance:
+        return rule_hindsight(task, group, self.name)
+
     def _feedback(self, failed: Trajectory, path: str, func: str, test: str) -> str:
         touched = set(re.findall(r"^diff --git a/(\S+)", failed.patch, re.M))
         seen = " ".join(m.get("content") or "" for m in failed.messages if m["role"] == "tool")
@@ -124,7 +89,7 @@ class RuleTeacher:
         return " ".join(notes)
 
     def _interaction(self, failed: Trajectory, path: str, line: int, test: str) -> str:
-        errors = [m.get("content") or "" for m in _tool_messages(failed)
+        errors = [m.get("content") or "" for m in tool_messages(failed)
                   if (m.get("content") or "").startswith("Error")]
         advice = []
         if any("did not appear" in e or "occurs" in e or "matches" in e for e in errors):
@@ -138,10 +103,6 @@ class RuleTeacher:
         return " ".join(advice)
 
 
-def _tool_messages(traj: Trajectory) -> list[dict]:
-    return [m for m in traj.messages[len(traj.prompt):] if m["role"] == "tool"]
-
-
 # -- LLM teachers ------------------------------------------------------------------------------
 
 def teacher_prompt(task: Task, failed: Trajectory, show_gold: bool) -> str:
@@ -149,17 +110,6 @@ def teacher_prompt(task: Task, failed: Trajectory, show_gold: bool) -> str:
     gold = f"\n## The reference fix (for you only: never quote it)\n{task.patch}" if show_gold else ""
     return template.substitute(problem_statement=task.problem_statement, failing_tests="\n".join(task.FAIL_TO_PASS),
                                trajectory=abridged(failed), test_output=failed.test_log[-3000:], gold=gold)
-
-
-def abridged(traj: Trajectory, limit: int = 6000) -> str:
-    lines = []
-    for m in traj.messages[len(traj.prompt):]:
-        for call in m.get("tool_calls") or []:
-            lines.append(f"> {call['function']['name']} {call['function']['arguments'][:300]}")
-        if m["role"] == "tool":
-            lines.append((m.get("content") or "")[:400])
-    text = "\n".join(lines)
-    return text if len(text) <= limit else text[: limit // 2] + "\n[...]\n" + text[-limit // 2:]
 
 
 class LLMTeacher:
@@ -174,6 +124,11 @@ class LLMTeacher:
         turn = self.client.act([{"role": "user", "content": prompt}], [], seed=0)
         return parse_teacher_answer(turn.message.get("content") or "", self.name, task.instance_id)
 
+    def hindsight(self, task: Task, group: list[Trajectory]) -> TeacherGuidance:
+        prompt = hindsight_prompt(task, group, self.show_gold)
+        turn = self.client.act([{"role": "user", "content": prompt}], [], seed=0)
+        return parse_hindsight_answer(turn.message.get("content") or "", self.name, task.instance_id)
+
 
 def parse_teacher_answer(text: str, teacher: str, item: str) -> list[TeacherGuidance]:
     """The three kinds from the teacher's JSON answer (a fenced block is fine)."""
@@ -182,9 +137,9 @@ def parse_teacher_answer(text: str, teacher: str, item: str) -> list[TeacherGuid
         data = json.loads(match.group(0)) if match else None
     except json.JSONDecodeError:
         data = None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data[k].strip() for k in TEACHER_KINDS):
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data[k].strip() for k in RLVR_KINDS):
         raise TeacherError(f"{item}: the teacher's answer is not a JSON object with non-empty "
-                           f"{', '.join(TEACHER_KINDS)}; got: {text[:300]!r}")
+                           f"{', '.join(RLVR_KINDS)}; got: {text[:300]!r}")
     found_files = tuple(str(f) for f in data.get("files") or [])
     found_funcs = tuple(str(f) for f in data.get("functions") or [])
-    return [TeacherGuidance(k, data[k], found_files, found_funcs, teacher) for k in TEACHER_KINDS]
+    return [TeacherGuidance(k, data[k], found_files, found_funcs, teacher) for k in RLVR_KINDS]
