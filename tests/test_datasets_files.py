@@ -7,6 +7,7 @@ from pathlib import Path
 
 import datasets
 import polars as pl
+import pytest
 import pyarrow.parquet as pq
 
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
@@ -28,14 +29,15 @@ def row_groups(path: str | Path) -> list[int]:
     return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
-def dictionary_columns(path: str | Path) -> set[str]:
-    """Top-level columns with a dictionary-encoded leaf in the first row group."""
+def dictionary_leaves(path: str | Path) -> set[str]:
+    """Parquet columns (leaf paths) dictionary-encoded in the first row group."""
     group = pq.ParquetFile(path).metadata.row_group(0)
-    return {group.column(i).path_in_schema.split(".")[0] for i in range(group.num_columns)
+    return {group.column(i).path_in_schema for i in range(group.num_columns)
             if any("DICTIONARY" in e for e in group.column(i).encodings)}
 
 
-def test_shards_are_zstd_in_bounded_row_groups_with_dictionaries_only_for_repeated_names(tmp_path, monkeypatch):
+def test_shards_are_zstd_in_bounded_row_groups_with_dictionaries_for_repeated_names_and_message_texts(
+        tmp_path, monkeypatch):
     monkeypatch.setattr(files, "ROW_GROUP_ROWS", 5)
     store_batch(tmp_path / "data", "b1", MANY)
     update_datasets(tmp_path / "data", tmp_path / "out", DatasetConfig())
@@ -43,10 +45,28 @@ def test_shards_are_zstd_in_bounded_row_groups_with_dictionaries_only_for_repeat
     assert row_groups(shard) == [5, 5, 5, 5, 5, 3]  # 28 pairs: 2 of each repo task, 4 of t1
     meta = pq.ParquetFile(shard).metadata
     assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
-    assert dictionary_columns(shard) == {"tools", "instance_id", "split", "batch", "chosen_source"} <= set(DICTIONARY)
+    texts = {f"{column}.list.element.{leaf}" for column in ("prompt", "chosen", "rejected") for leaf in (
+        "content", "tool_calls.list.element.function.arguments")}
+    names = {"tools", "instance_id", "split", "batch", "chosen_source"}
+    assert dictionary_leaves(shard) == names | texts and names <= set(DICTIONARY)
+    assert set(files.dictionary_columns(build.SCHEMAS["dpo"])) == names | texts
     frame, _ = read_trajectories(Layout(tmp_path / "data").batch_files("b1"))
     assert read_dataset(tmp_path / "out", "dpo").equals(
         pl.from_arrow(build.rows_table(build_rows(frame, DatasetConfig()).dpo, build.SCHEMAS["dpo"])))
+
+
+@pytest.mark.parametrize("kind", list(build.SCHEMAS))
+def test_shards_load_as_the_rows_built_whole_or_streamed(tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(files, "ROW_GROUP_ROWS", 3)  # dictionaries span several row groups of a column
+    store_batch(tmp_path / "data", "b1", MANY)
+    update_datasets(tmp_path / "data", tmp_path / "out", DatasetConfig(test_fraction=0.3))
+    frame, _ = read_trajectories(Layout(tmp_path / "data").batch_files("b1"))
+    expected = build.rows_table(getattr(build_rows(frame, DatasetConfig(test_fraction=0.3)), kind), build.SCHEMAS[kind])
+    assert expected.num_rows > 3 and pq.read_table(build.shard(tmp_path / "out", kind, "b1")).equals(expected)
+    data_files = build.dataset_files(tmp_path / "out", kind)
+    loaded = datasets.load_dataset("parquet", data_files=data_files, split="train", cache_dir=str(tmp_path / "c"))
+    streamed = datasets.load_dataset("parquet", data_files=data_files, split="train", streaming=True)
+    assert loaded.to_list() == list(streamed) == expected.to_pylist()
 
 
 def test_an_export_loads_the_same_rows_and_features_from_bounded_row_groups(tmp_path, monkeypatch):
