@@ -101,44 +101,52 @@ def guidance_references(messages: list[dict], hint: str, prompt: str) -> list[tu
     """(message index, what) of each assistant turn whose prose refers to guidance: a phrase of
     REFERENCE_PHRASES, or a hint term that neither the prompt, an earlier tool output, nor the turn's own tool
     call holds (narrating one's own action is not quoting the hint: the action is there either way)."""
-    found, seen, terms = [], prompt.lower(), hint_terms(hint, prompt) if hint else set()
+    found, unseen = [], hint_terms(hint, prompt) if hint else set()
     for i, message in enumerate(messages):
-        reason = _reference(prose(message), terms, seen + _own(message))
+        reason = _reference(prose(message), _not_in(unseen, _own(message)))
         if reason:
             found.append((i, reason))
-        seen += "\n" + (output(message) or "").lower()
+        unseen = _not_in(unseen, (output(message) or "").lower())
     return found
 
 
 def _own(message: dict) -> str:
     """The turn's own tool-call arguments, as text a hint term may be found in."""
-    return "\n" + " ".join(json.dumps(args) for _, args in calls(message)).lower()
+    return " ".join(json.dumps(args) for _, args in calls(message)).lower()
 
 
-def _reference(text: str, terms: set[str], seen: str) -> str:
+def _not_in(terms: set[str], text: str) -> set[str]:
+    """The terms `text` (lower case) does not hold. Terms hold no line break, so checking each output on its
+    own finds what checking all of them joined would."""
+    return {t for t in terms if t.lower() not in text} if text else terms
+
+
+def _reference(text: str, unseen: set[str]) -> str:
     match = REFERENCE.search(text)
     if match:
         return f"phrase: {match.group(0)}"
-    term = next((t for t in sorted(terms) if t.lower() in text.lower() and t.lower() not in seen), "")
+    lower = text.lower()
+    term = next((t for t in sorted(unseen) if t.lower() in lower), "")
     return f"hint term: {term}" if term else ""
 
 
 def without_references(messages: list[dict], hint: str, prompt: str) -> tuple[list[dict], list[dict]]:
     """(messages, rewrites): each referring turn's prose less its referring sentences, tool calls untouched;
     a rewrite per turn, {"message", "reason", "removed" (sentences)}."""
-    terms, seen, out, rewrites = hint_terms(hint, prompt) if hint else set(), prompt.lower(), [], []
+    unseen, out, rewrites = hint_terms(hint, prompt) if hint else set(), [], []
     for i, message in enumerate(messages):
-        reason = _reference(prose(message), terms, seen + _own(message))
+        now = _not_in(unseen, _own(message))
+        reason = _reference(prose(message), now)
         if reason:
-            kept, removed = _rewritten(message.get("content") or "", terms, seen + _own(message))
+            kept, removed = _rewritten(message.get("content") or "", now)
             rewrites.append({"message": i, "reason": reason, "removed": removed})
             message = {**message, "content": kept}
         out.append(message)
-        seen += "\n" + (output(message) or "").lower()
+        unseen = _not_in(unseen, (output(message) or "").lower())
     return out, rewrites
 
 
-def _rewritten(content: str, terms: set[str], seen: str) -> tuple[str, int]:
+def _rewritten(content: str, unseen: set[str]) -> tuple[str, int]:
     """The content without its referring sentences (text-format tool calls kept as they are)."""
     parts, kept, removed, last = [], [], 0, 0
     for call in TOOL_CALL.finditer(content):
@@ -150,7 +158,7 @@ def _rewritten(content: str, terms: set[str], seen: str) -> tuple[str, int]:
             kept.append(text)
             continue
         for sentence in SENTENCE.findall(text):
-            if _reference(sentence, terms, seen):
+            if _reference(sentence, unseen):
                 removed += 1
             else:
                 kept.append(sentence)
@@ -168,20 +176,21 @@ def edited_paths(name: str, args: dict) -> list[str]:
     return re.findall(r"[\w./-]+\.(?:py|cfg|toml|txt|json|ya?ml|ini)\b", command)
 
 
-def _shows(path: str, shown: str) -> bool:
+def _shows(path: str, shown: list[str]) -> bool:
+    """Whether an output showed the path (paths hold no line break: each output is searched on its own)."""
     name = path.removeprefix("./").lstrip("/").lower()
-    return name in shown or name.rsplit("/", 1)[-1] in shown
+    return any(name in text or name.rsplit("/", 1)[-1] in text for text in shown)
 
 
 def ungrounded(messages: list[dict]) -> list[str]:
     """Files edited before any tool output showed them: their path in an output (a listing, search or
     traceback), or their content (an earlier call naming the file whose output was not an error)."""
-    shown, reads, found = "", "", []
+    shown, reads, found = [], "", []  # shown: what earlier outputs showed, lower case, one entry each
     for message in messages:
         text = output(message)
         if text is not None:
             failed = re.sub(r"^\s*(<tool_response>\s*)?", "", text).lower().startswith("error")
-            shown += "\n" + text.lower() + ("" if failed else "\n" + reads)
+            shown += [text.lower()] if failed else [text.lower(), reads]
             continue
         reads = ""
         for name, args in calls(message):
