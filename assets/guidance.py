@@ -5,6 +5,7 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
+from pipeline.families import family_chart, family_markdown, family_rows
 from pipeline.invariants import batch_invariants, reference_checks
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
 from pipeline.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
@@ -18,7 +19,8 @@ from pipeline.store import read_batch, write_rows
 @retried_on_infra
 def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
              credentials: Credentials) -> dg.MaterializeResult:
-    """Guidance for each failed group: teacher hints of three kinds and the minimal action prefix."""
+    """Guidance for each failed group: the teacher's hints (Agent-RLVR's three kinds, hindsight) and the minimal
+    action prefix."""
     config, batch, layout = settings.resolved().guidance, settings.batch_name(context), settings.layout()
     unguided = layout.read_trajectories("unguided", batch)
     tasks = {t.instance_id: t for t in layout.read_tasks()}
@@ -45,7 +47,8 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
 @retried_on_infra
 def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                     credentials: Credentials) -> dg.MaterializeResult:
-    """A guided group of N attempts per failed task and guidance, graded like unguided ones."""
+    """A guided group of N attempts per failed task and guidance, graded like unguided ones; the families head to
+    head on the same failed groups (`families`)."""
     batch, layout = settings.batch_name(context), settings.layout()
     plans = layout.read_plans(batch)
     tasks = {t.instance_id: t for t in layout.read_tasks()}
@@ -57,6 +60,8 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     invariants = batch_invariants(guided, tasks)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
+        "families": dg.MetadataValue.md(family_markdown(family_rows(plans, guided))),
+        "families_chart": dg.MetadataValue.md(family_chart(family_rows(plans, guided))),
         "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
         **{f"batch_{k}": v for k, v in summary.metrics().items()}, **invariants,
     }, check_results=rollout_checks("guided_rollouts", out / "trajectories.parquet", batch, guided, invariants,

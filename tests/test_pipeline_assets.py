@@ -17,6 +17,7 @@ from pipeline.cli import run_config
 from pipeline.datasets.splits import split_group, task_split
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Task
 from pipeline.store import read_records
+from pipeline.vocab import GUIDANCE_KINDS
 from tests.test_datasets_build import check_rows_against_stored_attempts
 
 SMALL_TRAINING = {"dpo": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
@@ -59,6 +60,9 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert guided.height == 2 * len(accepted) >= 2
     assert sorted(set(guided["guidance_kind"])) == sorted({p.kind for p in accepted})
     assert meta["guided_rollouts"]["lost_patches"].value == 0
+    families = meta["guided_rollouts"]["families"].value.splitlines()[2:]  # the head-to-head table's rows
+    planned = {p.kind for p in plans}
+    assert [row.split(" | ")[0].strip("| ") for row in families] == [k for k in GUIDANCE_KINDS if k in planned]
 
     checks = {(e.asset_key.to_user_string(), e.asset_check_key.name): e.passed
               for e in result.get_asset_check_evaluations()}
