@@ -38,9 +38,11 @@ def _tables(planted: str = "") -> dict:
                         "chosen": [_chat(("assistant", "I changed groupby.")),
                                    _chat(("assistant", f"Patched it. {planted}")), _chat(("assistant", "Fixed."))],
                         "rejected": [_chat(("assistant", "Cannot reproduce."))] * 3,
-                        "instance_id": ["toolz-1", "toolz-2", "toolz-3"]})
+                        "instance_id": ["toolz-1", "toolz-2", "toolz-3"],
+                        "chosen_source": ["guided:plan", "unguided", "guided:action"]})
     actguide = pl.DataFrame({"prompt": [prompt] * 2, "k": [2, 5], "K": [4, 5], "instance_id": ["toolz-1", "toolz-3"]})
-    sft = pl.DataFrame({"messages": [prompt + _chat(("assistant", "done"))] * 2})
+    sft = pl.DataFrame({"messages": [prompt + _chat(("assistant", "done"))] * 2,
+                        "source": ["guided:plan", "guided:hindsight"]})
     trajectories = pl.DataFrame({
         "instance_id": ["a", "a", "a", "b", "b", "c", "c", "d"],
         "guidance_kind": ["none", "plan", "action", "none", "plan", "none", "action", "none"],
@@ -132,6 +134,9 @@ def test_card_states_counts_rates_sources_and_loading(folder):
     assert 'load_dataset("handhold/test-data", "dpo")' in card
     assert "![k*/K histogram](k_star_histogram.png)" in card and "| 0.3-0.4 | 1 |" in card
     assert "Plans where no prefix succeeded: 1." in card  # the unaccepted plan is left out
+    assert "| chosen from | dpo pairs | sft rows |" in card  # train and test together
+    assert "| guided:action | 1 | 0 |" in card and "| guided:hindsight | 0 | 1 |" in card
+    assert "| guided:plan | 2 | 2 |" in card and "| unguided | 1 | 0 |" in card
 
 
 def test_given_sources_keep_their_licence_or_take_the_provenance_one(tmp_path):

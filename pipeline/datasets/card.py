@@ -147,7 +147,22 @@ def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[s
     for config, (gold, total) in gold_hint_shares(splits).items():
         share = f"{gold / total:.1%}" if total else "n/a"
         lines.append(f"Chosen rows of `{config}` from a hint holding gold lines: {gold} of {total} ({share}).")
+    contributed = contributions(splits)
+    if contributed:
+        lines.append("What each family contributed: DPO pairs and SFT rows by where the chosen attempt came from.")
+        lines.append(_table(["chosen from", "dpo pairs", "sft rows"],
+                            [[source, n.get("dpo", 0), n.get("sft", 0)] for source, n in sorted(contributed.items())]))
     return "\n\n".join(lines)
+
+
+def contributions(splits: dict[str, dict[str, pa.Table]]) -> dict[str, dict[str, int]]:
+    """Per chosen attempt's origin ('unguided', 'guided:<kind>'): DPO pairs and SFT rows, every split."""
+    counts: dict[str, dict[str, int]] = {}
+    for config, column in (("dpo", "chosen_source"), ("sft", "source")):
+        frame = _concat(splits.get(config, {}), (column,))
+        for source, n in frame.group_by(column).len().rows() if frame is not None else ():
+            counts.setdefault(source, {})[config] = n
+    return counts
 
 
 def _histogram_section(histogram: pl.DataFrame | None) -> str:
