@@ -5,6 +5,7 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
+from pipeline.costs import cost_markdown, cost_rows
 from pipeline.families import family_chart, family_markdown, family_rows
 from pipeline.invariants import batch_invariants, reference_checks
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
@@ -62,6 +63,9 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
         "families": dg.MetadataValue.md(family_markdown(family_rows(plans, guided))),
         "families_chart": dg.MetadataValue.md(family_chart(family_rows(plans, guided))),
+        "costs": dg.MetadataValue.md(cost_markdown(cost_rows(
+            [*layout.read_trajectories("unguided", batch), *guided], settings.resolved().costs,
+            [t for folder in sorted(layout.trajectories("probes", batch).glob("*/")) for t in read_batch(folder)]))),
         "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
         **{f"batch_{k}": v for k, v in summary.metrics().items()}, **invariants,
     }, check_results=rollout_checks("guided_rollouts", out / "trajectories.parquet", batch, guided, invariants,

@@ -18,6 +18,7 @@ import yaml
 from pipeline.agent.factory import PolicySpec
 from pipeline.config_tree import (SettingsError, default_of, field_docs, field_types, from_mapping,  # noqa: F401
                                   json_copy, to_mapping)
+from pipeline.costs import CostConfig
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.publish import PublishConfig
 from pipeline.rescue import GuidanceConfig
@@ -73,6 +74,8 @@ class HandholdConfig:
     """Where the exported dataset folder is published on the Hugging Face Hub (the token comes from HF_TOKEN)."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
     """The starting policy, DPO and ActGuide training, and the unguided evaluation of what they train."""
+    costs: CostConfig = field(default_factory=CostConfig)
+    """Prices of the policy's tokens and of sandbox time, for what each attempt and guidance family cost."""
 
 
 def read_settings(path: str | Path) -> dict:

@@ -62,6 +62,7 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert meta["guided_rollouts"]["lost_patches"].value == 0
     families = meta["guided_rollouts"]["families"].value.splitlines()[2:]  # the head-to-head table's rows
     planned = {p.kind for p in plans}
+    assert meta["guided_rollouts"]["costs"].value.splitlines()[2].startswith("| unguided | 4 |")  # free prices
     assert [row.split(" | ")[0].strip("| ") for row in families] == [k for k in GUIDANCE_KINDS if k in planned]
 
     checks = {(e.asset_key.to_user_string(), e.asset_check_key.name): e.passed
