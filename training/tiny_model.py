@@ -19,10 +19,13 @@ SEED = 0
 VOCAB_SIZE = 2048  # upper bound; a small corpus yields fewer merges
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
-# ChatML. Tool results are a `tool` turn; tool calls are rendered as Hermes-style
-# <tool_call> text after the content. The template takes no `tools`, so a policy on this
-# model uses the agent's text tool format. An assistant turn's body and end token sit in a
-# `{% generation %}` span: what the trainers score (`return_assistant_tokens_mask`).
+# ChatML with Hermes-style tools, as Qwen2.5 renders them: the tool schemas (`tools`) close the system
+# turn inside <tools></tools>, tool calls are <tool_call> text after the content, tool results are a
+# `tool` turn. Taking `tools` makes a policy on this model native (LocalHFPolicy parses its
+# <tool_call> blocks back into tool calls), so it is prompted exactly as the rows it trains on were
+# rendered: the system prompt of a native-tools rollout, observations as `tool` turns. An assistant
+# turn's body and end token sit in a `{% generation %}` span: what the trainers score
+# (`return_assistant_tokens_mask`).
 _BODY = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% elif message['content'] %}{% for part in message['content'] %}"
@@ -34,12 +37,21 @@ _BODY = (
     "{{ arguments if arguments is string else arguments | tojson }}{{ '}</tool_call>' }}"
     "{% endfor %}"
 )
+_TOOLS = (
+    "{% set tool_text %}{% if tools %}{{ '# Tools\\n\\n<tools>' }}{% for tool in tools %}{{ '\\n' + tool | tojson }}"
+    "{% endfor %}{{ '\\n</tools>' }}{% endif %}{% endset %}"
+)
 CHAT_TEMPLATE = (
+    _TOOLS
+    + "{% if tool_text and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\n' + tool_text + '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['role'] == 'assistant' %}"
     "{% generation %}" + _BODY + "{{ '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
-    "{% else %}" + _BODY + "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% else %}" + _BODY
+    + "{% if loop.first and message['role'] == 'system' and tool_text %}{{ '\n\n' + tool_text }}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
