@@ -37,6 +37,15 @@ def test_build_is_idempotent(tiny):
     assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
 
 
+def test_a_tiny_model_built_with_another_template_is_built_again(tiny, tmp_path):
+    import shutil
+
+    old = tmp_path / "model"
+    shutil.copytree(tiny, old)
+    (old / "chat_template.jinja").write_text(CHAT_TEMPLATE.replace("<tools>", "<functions>"))
+    assert build_tiny_model(old) == old and (old / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+
+
 def test_build_refuses_a_directory_holding_something_else(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="no complete tiny model"):
