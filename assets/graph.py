@@ -10,12 +10,12 @@ from assets.environments import environment_images, sandbox_base_image, task_sou
 from assets.guidance import guidance, guided_rollouts
 from assets.resources import Credentials, HandholdSettings, config_model
 from assets.rollouts import unguided_rollouts
-from assets.training import actguide_model, dpo_model, policy_evaluation
+from assets.training import actguide_model, dpo_model, policy_evaluation, sft_model
 from pipeline.agent.factory import PolicySpec
 from pipeline.rescue import GuidanceConfig
 
 all_assets = [sandbox_base_image, task_sources, environment_images, tasks, unguided_rollouts, guidance,
-              guided_rollouts, training_datasets, dataset_export, hub_publication, dpo_model, actguide_model,
+              guided_rollouts, training_datasets, dataset_export, hub_publication, sft_model, dpo_model, actguide_model,
               policy_evaluation]
 
 # What the prod deployment reads from its environment, and what each variable holds.

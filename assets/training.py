@@ -1,4 +1,4 @@
-"""Assets that train the policy on the exported datasets (DPO, ActGuide) and evaluate it without guidance.
+"""Assets that train the policy on the exported datasets (SFT, DPO, ActGuide) and evaluate it without guidance.
 
 Each training asset launches its stage as `training.launcher` says (training/launch.py: in process, a Dagster
 Pipes subprocess or a Kubernetes pod) and reads the run folder back in every case: checkpoint, per-step
@@ -16,9 +16,9 @@ from pipeline.pictures import markdown_image
 from training.common import read_run, starting_model
 from training.launch import launch
 
-STAGES = ("dpo", "actguide")
+STAGES = ("sft", "dpo", "actguide")
 HEADLINE = ("steps", "rows", "rows_trained", "trajectories", "guided_trajectories", "groups", "first_loss",
-            "final_loss", "final_reward_margin", "final_reward_accuracy", "tokens_per_second", "forward_share",
+            "final_loss", "final_token_accuracy", "final_reward_margin", "final_reward_accuracy", "rows_truncated", "tokens_per_second", "forward_share",
             "seconds", "adapter")
 
 
@@ -50,6 +50,12 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
 
 
 @dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+def sft_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
+    """The starting policy fine-tuned (TRL's SFTTrainer) on the `sft` train split, loss on the assistant's tokens."""
+    return train_stage(context, settings, "sft")
+
+
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
 def dpo_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy trained by offline DPO (TRL) on the `dpo` train split, tool observations masked."""
     return train_stage(context, settings, "dpo")
@@ -71,15 +77,15 @@ def evaluation_policy(label: str, path: str, evaluation, credentials: Credential
     return make_policy(spec, api_key=credentials.key("policy") if served else None)
 
 
-@dg.asset(group_name="evaluation", kinds={"docker", "parquet"}, deps=["dpo_model", "actguide_model"],
+@dg.asset(group_name="evaluation", kinds={"docker", "parquet"}, deps=["sft_model", "dpo_model", "actguide_model"],
           pool="sandboxes")
 @retried_on_infra
 def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
     """Unguided pass@1 of each trained checkpoint next to the starting model, on the held-out test tasks,
     through the same Docker sandboxes and grader as every rollout; each model's identity beside its numbers."""
-    from pipeline.evaluation import (INTERVAL, evaluate, evaluation_rollouts, held_out_tasks, model_identity,
-                                     per_task_table, results_table, task_batch)
+    from pipeline.evaluation import (INTERVAL, evaluation_rollouts, held_out_tasks, per_task_table, results_table,
+                                     task_batch, trained_tasks)
 
     config = settings.resolved()
     evaluation = config.training.evaluation
@@ -100,15 +106,11 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
         if getattr(config.training, stage).enabled and checkpoint.exists():
             models[stage] = str(checkpoint)
     batch = settings.batch_name(context)
-    results = []
-    for label, path in models.items():
-        policy = evaluation_policy(label, path, evaluation, credentials)
-        result = evaluate(label, policy, held_out, rollout, layout.evaluation(batch, label), batch,
-                          progress=context.log.info)
-        identity = model_identity(path)  # after the run: a Hub model is in the cache by now
-        served = {"served_at": evaluation.base_url} if evaluation.base_url else {}  # what it serves is its word
-        results.append({"model": label, "identity": {**identity, **served}, **result})
-    report = {"tasks": task_batch(held_out), "test_fraction": config.datasets.test_fraction,
+    trained = trained_tasks(tasks, config.datasets.test_fraction, sft_task_ids(layout.export()), evaluation.train_tasks)
+    results = [evaluate_model(context, label, path, held_out, trained, rollout, layout, batch, evaluation,
+                              credentials) for label, path in models.items()]
+    report = {"tasks": task_batch(held_out), "trained_tasks": task_batch(trained),
+              "test_fraction": config.datasets.test_fraction,
               "attempts_per_task": evaluation.attempts, "temperature": evaluation.temperature,
               "interval": INTERVAL, "results": results}
     out = layout.pass_at_1(batch)
@@ -116,7 +118,36 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     return dg.MaterializeResult(metadata={
         "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"],
         "attempts_per_task": evaluation.attempts, "interval": INTERVAL,
-        **{f"pass@1/{r['model']}": r["pass@1"] for r in results},
+        "trained_tasks": len(trained), **{f"pass@1/{r['model']}": r["pass@1"] for r in results},
+        **{f"trained_pass@1/{r['model']}": r["trained"]["pass@1"] for r in results if r["trained"]["tasks"]},
         "results": dg.MetadataValue.md(results_table(results)),
         "per_task": dg.MetadataValue.md(per_task_table(results)), "path": dg.MetadataValue.path(str(out))})
 
+
+
+def sft_task_ids(dataset_folder: Path) -> set[str]:
+    """The tasks with a success in the exported `sft` train rows: what every stage trained on a solution of."""
+    from training.common import TrainingDataError, read_split
+
+    try:
+        return set(read_split(dataset_folder, "sft", "train")["instance_id"])
+    except TrainingDataError:  # no export, or no success in train: nothing to check memorization on
+        return set()
+
+
+def evaluate_model(context, label: str, path: str, held_out: list, trained: list, rollout, layout, batch: str,
+                   evaluation, credentials: Credentials) -> dict:
+    """One model's row of the report: its identity, its score on the held-out tasks, and under `trained` its
+    score on the sample of tasks it trained on (the memorization check)."""
+    from pipeline.evaluation import evaluate, model_identity
+
+    policy = evaluation_policy(label, path, evaluation, credentials)
+    result = evaluate(label, policy, held_out, rollout, layout.evaluation(batch, label), batch,
+                      progress=context.log.info)
+    seen = (evaluate(f"{label}-on-trained", policy, trained, rollout, layout.evaluation(batch, f"{label}-on-trained"),
+                     batch, progress=context.log.info) if trained else {"tasks": 0, "pass@1": None})
+    identity = model_identity(path)  # after the run: a Hub model is in the cache by now
+    served = {"served_at": evaluation.base_url} if evaluation.base_url else {}  # what it serves is its word
+    return {"model": label, "identity": {**identity, **served}, **result,
+            "trained": {k: seen.get(k) for k in ("tasks", "pass@1", "ci95_low", "ci95_high", "resolved", "per_task",
+                                                 "path")}}

@@ -13,6 +13,11 @@ deviation of the scores), clipped to [0, 1]; with fewer than two tasks there is 
 and it is (0, 1). All scores equal gives a zero-width interval: read it with the task count. Each
 task's own interval is Wilson's over its attempts (independent given the task). Greedy decoding
 (`temperature: 0`) repeats one attempt, so more than one attempt per task is refused.
+
+Beside it, each model runs on a sample of the tasks it trained on (`trained_tasks`: train-split tasks with a
+success in the `sft` rows). This is no measure of skill: it is the memorization check. A trained model that
+resolves none of the tasks whose solutions it was trained on was not reached by its training (a chat template,
+tool-call format or end-of-turn token that differs between the training rows and the policy's decoding).
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ def held_out_tasks(tasks: list[Task], test_fraction: float, limit: int = 0) -> l
     """The tasks of the test split, in their given order, at most `limit` (0: all)."""
     held = [t for t in tasks if task_split(split_group(t), test_fraction) == "test"]
     return held[:limit] if limit else held
+
+
+def trained_tasks(tasks: list[Task], test_fraction: float, trained_ids: set[str], limit: int) -> list[Task]:
+    """The memorization check's sample: the first `limit` tasks, in their given order, of the train split that
+    the models trained on (`trained_ids`: the instance ids of the train rows); [] when `limit` is 0."""
+    if limit <= 0:
+        return []
+    seen = [t for t in tasks if t.instance_id in trained_ids and task_split(split_group(t), test_fraction) == "train"]
+    return seen[:limit]
 
 
 def task_batch(tasks: list[Task]) -> dict:
@@ -171,12 +185,15 @@ def evaluate(label: str, policy: Policy, tasks: list[Task], rollout: RolloutConf
 
 
 def results_table(results: list[dict]) -> str:
-    """One Markdown row per model: its identity, pass@1 and interval over tasks, counts."""
+    """One Markdown row per model: its identity, pass@1 and interval over tasks, counts, and its pass@1 on the
+    sample of tasks it trained on (`trained`, the memorization check)."""
     columns = ["model", "revision", "tasks_scored", "attempts", "resolved", "pass@1", "ci95_low", "ci95_high",
-               "infra_errors"]
+               "infra_errors", "trained_tasks", "trained_pass@1"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
-        cells = {**r, "revision": r["identity"]["revision"][:19] or "unknown"}
+        trained = r.get("trained") or {}
+        cells = {**r, "revision": r["identity"]["revision"][:19] or "unknown", "trained_tasks": trained.get("tasks", 0),
+                 "trained_pass@1": trained.get("pass@1")}
         lines.append("| " + " | ".join(str(cells[c]) for c in columns) + " |")
     return "\n".join(lines)
 

@@ -9,8 +9,10 @@ import json
 
 import pytest
 
+from pipeline.datasets.splits import split_group, task_split
 from pipeline.evaluation import (INTERVAL, check_sampling, evaluation_rollouts, model_identity, pass_at_1,
-                                 per_task_table, results_table, score, t_quantile, task_batch, wilson_interval)
+                                 per_task_table, results_table, score, t_quantile, task_batch, trained_tasks,
+                                 wilson_interval)
 from pipeline.rollouts import RolloutConfig
 from tests.test_datasets_build import traj
 from tests.test_splits import synth_tasks
@@ -135,10 +137,20 @@ def test_the_task_batch_and_the_tables(tasks):
     results = [{"model": m, "identity": {"model": m, "revision": r}, **score(tasks[:2], a)} for m, r, a in [
         ("starting", "", attempts(tasks[0], 0, 2) + attempts(tasks[1], 1, 1)),
         ("dpo", "sha256:" + "0" * 64, attempts(tasks[0], 2, 0) + attempts(tasks[1], 1, 1))]]
+    results[1]["trained"] = score(tasks[2:3], attempts(tasks[2], 1, 0))  # the memorization check's column
     assert results_table(results).splitlines()[2:] == [
-        "| starting | unknown | 2 | 4 | 1 | 0.25 | 0.0 | 1.0 | 0 |",
-        "| dpo | sha256:000000000000 | 2 | 4 | 3 | 0.75 | 0.0 | 1.0 | 0 |"]
+        "| starting | unknown | 2 | 4 | 1 | 0.25 | 0.0 | 1.0 | 0 | 0 | None |",
+        "| dpo | sha256:000000000000 | 2 | 4 | 3 | 0.75 | 0.0 | 1.0 | 0 | 1 | 1.0 |"]
     assert per_task_table(results).splitlines() == [
         "| task | starting | dpo |", "|---|---|---|",
         f"| {ids[0]} | 0/2 [0.00, 0.66] | 2/2 [0.34, 1.00] |",
         f"| {ids[1]} | 1/2 [0.09, 0.91] | 1/2 [0.09, 0.91] |"]
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_the_memorization_sample_is_trained_on_tasks_of_the_train_split_in_order(tasks, fraction):
+    trained_on = {t.instance_id for t in tasks[1:]}  # the first task has no success in the sft rows
+    expected = [t for t in tasks[1:] if task_split(split_group(t), fraction) == "train"][:3]
+    assert trained_tasks(tasks, fraction, trained_on, 3) == expected
+    assert trained_tasks(tasks, fraction, trained_on, 0) == [] == trained_tasks(tasks, fraction, set(), 2)
+    assert trained_tasks(tasks, 1.0, trained_on, 2) == []  # every task held out: none was trained on

@@ -37,6 +37,15 @@ def test_build_is_idempotent(tiny):
     assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
 
 
+def test_a_tiny_model_built_with_another_template_is_built_again(tiny, tmp_path):
+    import shutil
+
+    old = tmp_path / "model"
+    shutil.copytree(tiny, old)
+    (old / "chat_template.jinja").write_text(CHAT_TEMPLATE.replace("<tools>", "<functions>"))
+    assert build_tiny_model(old) == old and (old / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+
+
 def test_build_refuses_a_directory_holding_something_else(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="no complete tiny model"):
@@ -55,12 +64,18 @@ def test_template_renders_tool_calls_and_tool_turns(tiny):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 5
     assert tokenizer.decode(ids) == text
+    with_tools = tokenizer.apply_chat_template(template_messages(CHAT[:2]), tools=[BASH, BASH], tokenize=False)
+    schema = json.dumps(BASH)
+    assert with_tools == (f"<|im_start|>system\nYou fix bugs.\n\n# Tools\n\n<tools>\n{schema}\n{schema}\n</tools>"
+                          "<|im_end|>\n<|im_start|>user\nFix it.<|im_end|>\n")
+    assert tokenizer.apply_chat_template(CHAT[1:2], tools=[BASH], tokenize=False) == (
+        f"<|im_start|>system\n# Tools\n\n<tools>\n{schema}\n</tools><|im_end|>\n<|im_start|>user\nFix it.<|im_end|>\n")
 
 
 def test_act_returns_text_usage_and_one_logprob_per_generated_token(tiny):
     hf = policy(tiny)
     turn = hf.act(CHAT, [BASH], seed=1)
-    assert isinstance(hf, Policy) and hf.name == f"hf:{tiny}" and hf.native_tools is False
+    assert isinstance(hf, Policy) and hf.name == f"hf:{tiny}" and hf.native_tools is True
     assert turn.message["role"] == "assistant" and isinstance(turn.message["content"], str)
     assert "tool_calls" not in turn.message
     assert 1 <= turn.usage.completion_tokens <= 12 and turn.usage.prompt_tokens > 20
@@ -94,12 +109,13 @@ def test_greedy_logprobs_are_the_model_maxima(tiny):
     assert turn.logprobs[0] == pytest.approx(best, abs=1e-5)
 
 
-def test_a_template_that_takes_tools_makes_the_policy_native(tiny):
-    template = "{{ tools | tojson }}" + CHAT_TEMPLATE
+def test_a_template_that_takes_no_tools_makes_the_policy_use_the_text_format(tiny):
+    template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
     hf = policy(tiny, chat_template=template)
     turn = hf.act(CHAT, [BASH], seed=0)
-    assert hf.native_tools and hf.settings()["native_tools"]
+    assert not hf.native_tools and not hf.settings()["native_tools"]
     assert turn.message["role"] == "assistant" and len(turn.logprobs) == turn.usage.completion_tokens
+    assert policy(tiny).native_tools and policy(tiny).settings()["native_tools"]  # the tiny template takes tools
 
 
 def test_hermes_tool_calls_are_parsed_from_text():

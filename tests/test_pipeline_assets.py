@@ -20,7 +20,9 @@ from pipeline.store import read_records
 from pipeline.vocab import GUIDANCE_KINDS
 from tests.test_datasets_build import check_rows_against_stored_attempts
 
-SMALL_TRAINING = {"dpo": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
+SMALL_TRAINING = {"sft": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
+                          "max_steps": 2, "max_length": 4096},
+                  "dpo": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
                           "max_steps": 2, "max_length": 4096},
                   "actguide": {"learning_rate": 5e-4, "batch_size": 4, "max_steps": 2, "max_length": 4096,
                                "behaviour_logprobs": "recompute"},  # the heuristic samples no tokens
@@ -86,11 +88,12 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
     assert check_rows_against_stored_attempts(tmp_path / "data") >= 1
 
-    for stage in ("dpo", "actguide"):  # the tiny offline model trained for real on the exported rows
+    for stage in ("sft", "dpo", "actguide"):  # the tiny offline model trained for real on the exported rows
         assert meta[f"{stage}_model"]["steps"].value == 2, stage
         assert (tmp_path / f"data/models/{stage}/test/checkpoint").is_dir()
         assert meta[f"{stage}_model"]["loss_curve"].value.startswith("![loss](data:image/png;base64,")
     assert meta["dpo_model"]["rows"].value == exported["dpo"] - meta["dpo_dataset"]["splits"].value.get("test", 0)
+    assert meta["sft_model"]["rows"].value == exported["sft"] - meta["sft_dataset"]["splits"].value.get("test", 0)
 
     # Every task held out: each model attempts each task unguided, in Docker, graded like any rollout
     held_out = HandholdSettings(**values, datasets={"test_fraction": 1.0})
@@ -102,7 +105,7 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
     tasks = [Task.from_row(r) for r in read_records(tmp_path / "data/tasks/tasks.parquet", TASK_SCHEMA)]
     assert report["tasks"]["instance_ids"] == [t.instance_id for t in tasks] and report["temperature"] == 0.0
     results = report["results"]
-    assert [r["model"] for r in results] == ["starting", "dpo", "actguide"]
+    assert [r["model"] for r in results] == ["starting", "sft", "dpo", "actguide"]
     for r in results:
         stored = pl.read_parquet(r["path"])
         assert (r["attempts"], r["graded"], stored.height, r["infra_errors"]) == (2, 2, 2, 0)
@@ -110,7 +113,7 @@ def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
         assert set(stored["guidance_kind"]) == {"none"} and stored["policy"][0].startswith("hf:")
         assert [t["instance_id"] for t in r["per_task"]] == report["tasks"]["instance_ids"]
     revisions = [r["identity"]["revision"] for r in results]  # trained weights differ from the starting ones
-    assert all(v.startswith("sha256:") for v in revisions) and len(set(revisions)) == 3
+    assert all(v.startswith("sha256:") for v in revisions) and len(set(revisions)) == 4
     assert len(scores["per_task"].value.splitlines()) == 2 + 2  # header, rule, one row per held-out task
 
 

@@ -227,3 +227,30 @@ def test_a_served_checkpoint_is_evaluated_through_its_endpoint_and_the_sandboxes
     stored = pl.read_parquet(result["path"])
     assert stored["policy"].to_list() == ["openai:dpo"] and stored["exit_status"].to_list() == ["submitted"]
     assert stored["grade_reason"][0] != "" and stored["guidance_kind"].to_list() == ["none"]
+
+
+def test_each_model_is_scored_on_the_tasks_it_trained_on_beside_the_held_out_ones(toolz_task, tmp_path):
+    """The memorization check: a second batch of attempts on the trained-on tasks, scored apart, stored apart."""
+    import logging
+    from types import SimpleNamespace
+
+    from assets.training import evaluate_model
+    from pipeline.evaluation import evaluation_rollouts
+    from pipeline.layout import Layout
+    from pipeline.rollouts import RolloutConfig
+    from tests.loopback import OpenAIServer, Reply, ToolCall
+    from training.config import EvaluationConfig
+
+    replies = [Reply(tool_calls=(ToolCall("submit", {}),))] * 2  # one attempt on each list
+    with OpenAIServer(replies) as base_url:
+        config = EvaluationConfig(base_url=base_url, max_steps=2, temperature=0.0)
+        context = SimpleNamespace(log=logging.getLogger("evaluation"))
+        row = evaluate_model(context, "sft", "/unused/when/served", [toolz_task], [toolz_task],
+                             evaluation_rollouts(RolloutConfig(), config), Layout(tmp_path), "b1", config,
+                             Credentials(policy_api_key="k"))
+    assert (row["model"], row["tasks"], row["attempts"], row["pass@1"]) == ("sft", 1, 1, 0.0)
+    trained = row["trained"]
+    assert (trained["tasks"], trained["resolved"], trained["pass@1"]) == (1, 0, 0.0)
+    assert [t["instance_id"] for t in trained["per_task"]] == [toolz_task.instance_id]
+    assert pl.read_parquet(trained["path"])["instance_id"].to_list() == [toolz_task.instance_id]
+    assert "sft-on-trained" in trained["path"] and trained["path"] != row["path"]

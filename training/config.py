@@ -69,6 +69,38 @@ class DPOTrainingConfig:
 
 
 @dataclass(frozen=True)
+class SFTTrainingConfig:
+    """Supervised fine-tuning (TRL's SFTTrainer) on the exported `sft` rows, loss on the assistant's tokens only."""
+
+    enabled: bool = True
+    """Train; False: the sft_model asset says it skipped."""
+    learning_rate: float = 2e-5
+    """Peak learning rate."""
+    lr_scheduler: str = "cosine"
+    """transformers scheduler name: linear, cosine, constant, constant_with_warmup, ..."""
+    warmup: float = 0.1
+    """Warm-up steps, or a fraction of all steps when below 1."""
+    per_device_batch_size: int = 1
+    """Conversations per device per forward pass."""
+    gradient_accumulation_steps: int = 8
+    """Forward passes per optimizer step."""
+    max_length: int = 32768
+    """Tokens of a conversation; a longer one keeps its start (its later turns are cut)."""
+    epochs: float = 1.0
+    """Passes over the training split."""
+    max_steps: int = -1
+    """Optimizer steps; -1: as many as `epochs` makes."""
+    precision: Precision = "fp32"
+    """fp32, bf16 or fp16 (the last two need hardware that has them)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (saves memory, costs time)."""
+    seed: int = 0
+    """Seed of data order and initialisation of adapters."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """Adapters instead of full fine-tuning."""
+
+
+@dataclass(frozen=True)
 class ActGuideTrainingConfig:
     """ActGuide-RL's mixed-policy objective, offline, over the stored rollouts of the `actguide` rows."""
 
@@ -111,6 +143,9 @@ class EvaluationConfig:
     """Evaluate; False: the policy_evaluation asset says it skipped."""
     tasks: int = 0
     """Most held-out tasks evaluated (0: all of the test split)."""
+    train_tasks: int = 3
+    """Tasks the models trained on also evaluated (train-split tasks with a success in the `sft` rows, the first
+    in task order): the memorization check, a model resolving none was not reached by its training; 0: none."""
     attempts: int = 1
     """Attempts per task; pass@1 is the mean share of resolved attempts."""
     max_steps: int = 20
@@ -120,7 +155,7 @@ class EvaluationConfig:
     temperature: float = 0.0
     """Sampling temperature; 0: greedy."""
     base_url: str = ""
-    """An OpenAI-compatible server (vLLM) serving each model under its name here (starting, dpo, actguide,
+    """An OpenAI-compatible server (vLLM) serving each model under its name here (starting, sft, dpo, actguide,
     e.g. `--served-model-name` or `--lora-modules dpo=...`); '': every model runs in process."""
 
 
@@ -166,6 +201,8 @@ class TrainingConfig:
     (pipes) or the image's (k8s)."""
     k8s: K8sConfig = field(default_factory=K8sConfig)
     """The pod of a k8s launch."""
+    sft: SFTTrainingConfig = field(default_factory=SFTTrainingConfig)
+    """Supervised fine-tuning on the successes."""
     dpo: DPOTrainingConfig = field(default_factory=DPOTrainingConfig)
     """Offline DPO."""
     actguide: ActGuideTrainingConfig = field(default_factory=ActGuideTrainingConfig)

@@ -1,4 +1,4 @@
-"""Run one training stage in its own process under Dagster Pipes: `python -m training.run dpo|actguide`.
+"""Run one training stage in its own process under Dagster Pipes: `python -m training.run sft|dpo|actguide`.
 
 The asset launches it (`training.launcher: pipes`, or `k8s` in a pod), directly or through `accelerate launch ... -m
 training.run <stage>`, with the stage's settings, the starting model, the dataset folder and the run
@@ -16,13 +16,17 @@ import os
 import sys
 from pathlib import Path
 
-from training.config import ActGuideTrainingConfig, DPOTrainingConfig
+from training.config import ActGuideTrainingConfig, DPOTrainingConfig, SFTTrainingConfig
 
-STAGES = {"dpo": DPOTrainingConfig, "actguide": ActGuideTrainingConfig}
+STAGES = {"sft": SFTTrainingConfig, "dpo": DPOTrainingConfig, "actguide": ActGuideTrainingConfig}
 
 
 def trainer(stage: str):
     """The in-process training function of a stage."""
+    if stage == "sft":
+        from training.sft import train_sft
+
+        return train_sft
     if stage == "dpo":
         from training.dpo import train_dpo
 

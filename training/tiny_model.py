@@ -18,11 +18,15 @@ MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.
 SEED = 0
 VOCAB_SIZE = 2048  # upper bound; a small corpus yields fewer merges
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CONTEXT = 16384  # tokens: an agent trajectory on a real repository runs to several thousand (rotary, no weights)
 
-# ChatML. Tool results are a `tool` turn; tool calls are rendered as Hermes-style
-# <tool_call> text after the content. The template takes no `tools`, so a policy on this
-# model uses the agent's text tool format. An assistant turn's body and end token sit in a
-# `{% generation %}` span: what the trainers score (`return_assistant_tokens_mask`).
+# ChatML with Hermes-style tools, as Qwen2.5 renders them: the tool schemas (`tools`) close the system
+# turn inside <tools></tools>, tool calls are <tool_call> text after the content, tool results are a
+# `tool` turn. Taking `tools` makes a policy on this model native (LocalHFPolicy parses its
+# <tool_call> blocks back into tool calls), so it is prompted exactly as the rows it trains on were
+# rendered: the system prompt of a native-tools rollout, observations as `tool` turns. An assistant
+# turn's body and end token sit in a `{% generation %}` span: what the trainers score
+# (`return_assistant_tokens_mask`).
 _BODY = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% elif message['content'] %}{% for part in message['content'] %}"
@@ -34,12 +38,21 @@ _BODY = (
     "{{ arguments if arguments is string else arguments | tojson }}{{ '}</tool_call>' }}"
     "{% endfor %}"
 )
+_TOOLS = (
+    "{% set tool_text %}{% if tools %}{{ '# Tools\\n\\n<tools>' }}{% for tool in tools %}{{ '\\n' + tool | tojson }}"
+    "{% endfor %}{{ '\\n</tools>' }}{% endif %}{% endset %}"
+)
 CHAT_TEMPLATE = (
+    _TOOLS
+    + "{% if tool_text and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\n' + tool_text + '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['role'] == 'assistant' %}"
     "{% generation %}" + _BODY + "{{ '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
-    "{% else %}" + _BODY + "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% else %}" + _BODY
+    + "{% if loop.first and message['role'] == 'system' and tool_text %}{{ '\n\n' + tool_text }}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -49,7 +62,9 @@ def build_tiny_model(out_dir: Path, corpus_files: list[Path] | None = None) -> P
     """Build the tokenizer and random model into `out_dir` (reused when already there); return it."""
     out_dir = Path(out_dir)
     if all((out_dir / name).exists() for name in MODEL_FILES):
-        return out_dir
+        if is_current(out_dir):
+            return out_dir
+        shutil.rmtree(out_dir)  # built by an older version of this module: another template or context
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} holds files but no complete tiny model; "
                               "remove it or pass an empty or new directory")
@@ -68,6 +83,16 @@ def build_tiny_model(out_dir: Path, corpus_files: list[Path] | None = None) -> P
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def is_current(model_dir: Path) -> bool:
+    """Whether a built tiny model has this module's chat template and context length."""
+    import json
+
+    template = model_dir / "chat_template.jinja"
+    config = json.loads((model_dir / "config.json").read_text())
+    return (template.exists() and template.read_text() == CHAT_TEMPLATE
+            and config.get("max_position_embeddings") == CONTEXT)
 
 
 def repo_text_files(root: Path = REPO_ROOT) -> list[Path]:
@@ -102,7 +127,7 @@ def train_tokenizer(files: list[Path]):
         pad_token=END_OF_TEXT,
         additional_special_tokens=[IM_START],
         chat_template=CHAT_TEMPLATE,
-        model_max_length=2048,
+        model_max_length=CONTEXT,
     )
 
 
@@ -119,7 +144,7 @@ def random_model(tokenizer):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=CONTEXT,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos,

@@ -1,0 +1,120 @@
+"""The SFT stage on the tiny offline model: which tokens are targets, full and LoRA training on exported rows,
+the asset launched through Pipes."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from assets.resources import Credentials, HandholdSettings
+from assets.training import sft_model
+from pipeline.datasets import DatasetConfig, build_rows
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import export_dataset
+from tests.test_datasets_build import TASK_T1, traj
+from training.common import read_run
+from training.config import LoraSettings, SFTTrainingConfig
+from training.sft import load_rows, tokenize_row, train_sft
+from training.tiny_model import CHAT_TEMPLATE, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An exported dataset folder whose `sft` train split holds the successes of task t1 (four after the builder's selection)."""
+    rows = build_rows(TASK_T1 + [traj("g5", kind="plan", reward=1.0, sample=5, steps=2)],
+                      DatasetConfig(pairs_per_task=50, test_fraction=0.0))
+    out = tmp_path_factory.mktemp("export") / "hf"
+    export_dataset(out, {"sft": rows.sft}, CardInfo("test", run_id="b1"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def sft_config(**changes) -> SFTTrainingConfig:
+    """Every row in one batch, the same batch each step: the loss must fall."""
+    return SFTTrainingConfig(**{"learning_rate": 2e-3, "lr_scheduler": "constant", "warmup": 0,
+                                "per_device_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 4,
+                                "max_length": 4096, **changes})
+
+
+def test_the_targets_are_exactly_what_the_policy_wrote(tiny):
+    """Worked out by hand: the targets are each assistant turn's text, its tool call as the template renders it
+    and its end-of-turn token; never the system or user prompt, a role header or the tool's output."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    call = {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    row = {"tools": "[]", "messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "look", "tool_calls": [call]},
+        {"role": "tool", "content": "OUT", "tool_call_id": "call_0"},
+        {"role": "assistant", "content": "done"}]}
+    out = tokenize_row(row, tokenizer, CHAT_TEMPLATE)
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    assert len(ids) == len(mask)
+    spans, current = [], []
+    for token, kept in zip(ids, mask):
+        if kept:
+            current.append(token)
+        elif current:
+            spans, current = spans + [tokenizer.decode(current)], []
+    spans += [tokenizer.decode(current)] if current else []
+    assert spans == ['look\n<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call><|im_end|>',
+                     "done<|im_end|>"]
+    assert tokenizer.decode(ids).count("OUT") == 1  # the observation is context, not a target
+
+
+def test_sft_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path):
+    assert load_rows(folder).num_rows == 4
+    result = train_sft(sft_config(), tiny, folder, tmp_path / "run")
+    summary, metrics = read_run(result.run_dir)
+    assert summary["rows"] == 4 and summary["steps"] == 4 == len(metrics) and summary["rows_truncated"] == 0
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    assert metrics[-1]["mean_token_accuracy"] > metrics[0]["mean_token_accuracy"]
+    assert summary["tokens_per_second"] > 0 and 0 < summary["assistant_tokens"] < summary["tokens"]
+    trained = AutoModelForCausalLM.from_pretrained(result.checkpoint)
+    start = AutoModelForCausalLM.from_pretrained(tiny)
+    changed = sum(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), start.state_dict().values()))
+    assert changed > 0
+    assert AutoTokenizer.from_pretrained(result.checkpoint).chat_template == CHAT_TEMPLATE
+    used = json.loads((result.run_dir / "config.json").read_text())
+    assert used["settings"]["learning_rate"] == 2e-3 and used["starting_model"] == tiny
+    assert (result.run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_sft_with_lora_saves_an_adapter_that_loads(folder, tiny, tmp_path):
+    from peft import PeftModel
+
+    result = train_sft(sft_config(max_steps=2, lora=LoraSettings(enabled=True, r=4, alpha=8)), tiny, folder,
+                       tmp_path / "run")
+    files = {p.name for p in result.checkpoint.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "model.safetensors" not in files
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny), result.checkpoint)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    base = AutoModelForCausalLM.from_pretrained(tiny)
+    assert not torch.allclose(adapted(ids).logits, base(ids).logits)  # the adapter learned something
+
+
+def test_the_sft_asset_launched_through_pipes_reports_its_steps(folder, tiny, tmp_path):
+    """`training.launcher: pipes`: `accelerate launch ... -m training.run sft` in its own process."""
+    data = tmp_path / "data"
+    (data / "datasets").mkdir(parents=True)
+    (data / "datasets" / "hf").symlink_to(folder)
+    settings = HandholdSettings(data_dir=str(data), batch="b1", training={
+        "model": tiny, "launcher": "pipes", "sft": {"learning_rate": 1e-3, "per_device_batch_size": 8,
+                                                    "gradient_accumulation_steps": 1, "max_steps": 2}})
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([sft_model], instance=instance,
+                            resources={"settings": settings, "credentials": Credentials()})
+    assert result.success
+    meta = result.get_asset_materialization_events()[0].step_materialization_data.materialization.metadata
+    assert meta["launcher"].value == "pipes" and meta["stage"].value == "sft"  # reported by the subprocess
+    assert meta["steps"].value == 2 and meta["checkpoint"].value.endswith("models/sft/b1/checkpoint")
+    assert meta["rows"].value == 4 and meta["loss_curve"].value.startswith("![loss](data:image/png;base64,")
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert sum("sft step {" in message for message in logs) == 2

@@ -1,0 +1,124 @@
+"""Supervised fine-tuning on the exported `sft` rows: TRL's SFTTrainer, loss on the assistant's tokens only.
+
+    result = train_sft(SFTTrainingConfig(), model_path, dataset_folder, run_dir)
+
+Rows come from the exported dataset folder's `sft` train shard: the unguided prompt and a success's
+completion as one conversation, with the tool schemas it was sampled under. Each row is rendered here with
+the chat template's `{% generation %}` spans (the tokenizer's own, or TRL's marked twin of it) and the same
+mask as the DPO stage (`training.masking.assistant_token_mask`): a token is a target only when the policy
+sampled it (the assistant's text, its tool-call text, its end-of-turn token), never a tool observation, the
+prompt or a role header. SFTTrainer gets the ids and that mask (`assistant_masks`) and builds the labels
+from them. The run folder gets the checkpoint (the full model, or the LoRA adapter), the tokenizer, the
+settings used and the metrics of every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
+                             fresh_run_dir, load_model, read_split)
+from training.config import SFTTrainingConfig
+
+KEPT_METRICS = ("loss", "mean_token_accuracy", "entropy", "num_tokens", "learning_rate", "grad_norm", "epoch")
+COLUMNS = ["messages", "tools"]
+
+
+def load_rows(dataset_folder: str | Path, split: str = "train"):
+    """The `sft` config's rows of an exported folder, the conversation and its tools only."""
+    return read_split(dataset_folder, "sft", split).select_columns(COLUMNS)
+
+
+def tokenize_row(row: dict[str, Any], tokenizer, chat_template: str) -> dict[str, list[int]]:
+    """A stored row as `input_ids` and `assistant_masks` (1 on each token the policy sampled)."""
+    from training.masking import assistant_token_mask, to_template_row
+
+    row = to_template_row(row)
+    ids, mask = assistant_token_mask(tokenizer, row["messages"], row.get("tools") or None, chat_template)
+    return {"input_ids": ids, "assistant_masks": mask}
+
+
+def tokenized_rows(rows, tokenizer):
+    """The rows tokenized and masked (`tokenize_row`); a row with no assistant token is refused, naming it."""
+    from training.masking import training_chat_template
+
+    template = training_chat_template(tokenizer)
+    tokenized = rows.map(tokenize_row, fn_kwargs={"tokenizer": tokenizer, "chat_template": template},
+                         remove_columns=rows.column_names, desc="Tokenizing sft rows")
+    empty = [i for i, mask in enumerate(tokenized["assistant_masks"]) if 1 not in mask]
+    if empty:
+        raise TrainingDataError(f"sft rows {empty[:5]} have no assistant token to train on; the chat template's "
+                                "{% generation %} spans cover nothing in them")
+    return tokenized
+
+
+def sft_args(config: SFTTrainingConfig, out_dir: Path, use_cpu: bool):
+    """TRL's SFTConfig for these settings. The rows arrive tokenized and masked, so TRL's own
+    `assistant_only_loss` stays off: the `assistant_masks` column alone decides the labels."""
+    from trl import SFTConfig
+
+    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, and only when asked
+    names = {f.name for f in dataclasses.fields(SFTConfig)}
+    checkpointing = ({"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": True}
+                     if config.gradient_checkpointing else {})
+    return SFTConfig(
+        output_dir=str(out_dir / "trainer"), learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
+        per_device_train_batch_size=config.per_device_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
+        max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
+        max_length=config.max_length, truncation_mode="keep_start", seed=config.seed, **checkpointing,
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
+        include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+
+
+def train_sft(config: SFTTrainingConfig, model_path: str, dataset_folder: str | Path, out_dir: str | Path,
+              report: Reporter | None = None) -> TrainResult:
+    """Train on the folder's `sft` train split; write the run folder `out_dir` (emptied first)."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import SFTTrainer
+
+    rows = load_rows(dataset_folder)
+    out = fresh_run_dir(out_dir)
+    metrics = MetricsLog(out, report)
+
+    class Metrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                metrics.add({"step": state.global_step, **{k: logs[k] for k in KEPT_METRICS if k in logs}})
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenized = tokenized_rows(rows, tokenizer)
+    lengths = [len(ids) for ids in tokenized["input_ids"]]
+    peft_config = None
+    if config.lora.enabled:
+        modules = config.lora.target_modules
+        peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                                 target_modules=modules[0] if modules == ("all-linear",) else list(modules),
+                                 task_type="CAUSAL_LM")
+    trainer = SFTTrainer(
+        load_model(model_path, config.precision), args=sft_args(config, out, not torch.cuda.is_available()),
+        processing_class=tokenizer, train_dataset=tokenized, peft_config=peft_config, callbacks=[Metrics()])
+    start = time.monotonic()
+    output = trainer.train()
+    seconds = time.monotonic() - start
+    trainer.save_model(str(out / "checkpoint"))  # the adapter alone under LoRA
+    tokenizer.save_pretrained(str(out / "checkpoint"))
+    tokens = trainer.state.num_input_tokens_seen
+    history = metrics.rows
+    summary = {
+        "stage": "sft", "starting_model": model_path, "dataset": str(dataset_folder), "rows": rows.num_rows,
+        "rows_truncated": sum(n > config.max_length for n in lengths),
+        "cut_tokens": sum(max(0, n - config.max_length) for n in lengths),
+        "assistant_tokens": sum(sum(mask) for mask in tokenized["assistant_masks"]),
+        "steps": trainer.state.global_step, "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[config.precision],
+        "first_loss": history[0]["loss"] if history else None, "final_loss": history[-1]["loss"] if history else None,
+        "final_token_accuracy": history[-1].get("mean_token_accuracy") if history else None,
+        "train_loss": output.training_loss, "seconds": round(seconds, 2), "tokens": int(tokens),
+        "tokens_per_second": round(tokens / seconds, 1) if seconds else None}
+    return finish_run(out, {"stage": "sft", "starting_model": model_path, "settings": config}, summary, history)
