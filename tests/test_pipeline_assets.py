@@ -7,6 +7,7 @@ import json
 import dagster as dg
 import datasets
 import polars as pl
+import pytest
 
 from assets.checks import ROLLOUT_CHECKS
 from assets.datasets import dataset_checks
@@ -29,10 +30,14 @@ SMALL_TRAINING = {"sft": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gr
                   "evaluation": {"max_steps": 3, "max_new_tokens": 32}}
 
 
+@pytest.mark.timeout(1800)  # the whole graph, from synthesis to four models evaluated: the suite's longest test
 def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
+    # One family of each kind (a teacher's plan, hindsight, action prefixes): tests/test_guidance.py covers
+    # the other teacher kinds
     values = dict(data_dir=str(tmp_path / "data"), batch="test", rollout_tasks=2,
                   synth={"packages": ["toolz"], "tasks_per_package": 2},
-                  rollout={"attempts": 2, "agent": {"max_steps": 30}}, guidance={"compare_linear": False},
+                  rollout={"attempts": 2, "agent": {"max_steps": 30}},
+                  guidance={"compare_linear": False, "kinds": ["plan", "hindsight", "action"]},
                   training=SMALL_TRAINING)
     # Every task in train: a split is drawn per module, and the two tasks' modules may both fall in test, leaving a
     # stage nothing to train on (tests/test_splits.py covers held-out tasks)
