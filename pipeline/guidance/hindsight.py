@@ -10,7 +10,8 @@ from importlib.resources import files
 from string import Template
 
 from pipeline.guidance.expert import patch_edits
-from pipeline.guidance.teacher_text import TeacherError, TeacherGuidance, abridged, describe_change, enclosing_function
+from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, describe_change,
+                                            enclosing_function)
 from pipeline.records import Task, Trajectory
 
 ATTEMPT_CHARS = 6000
@@ -50,7 +51,8 @@ def rule_hindsight(task: Task, group: list[Trajectory], teacher: str = "rule") -
                      "afterwards: that edit was not the fix; put the code back as it was before looking again.")
     if not any(ran_test(t, test) for t in group):
         notes.append(f"No attempt ran the failing test `{test}` on its own; run it first and read its assertion.")
-    notes.append(f"Direction: start from what `{test}` expects, read {place} around line {start}, where "
+    line = changed_line(start, old, new)
+    notes.append(f"Direction: start from what `{test}` expects, read {place} around line {line}, where "
                  f"{describe_change(old, new)}.")
     return TeacherGuidance("hindsight", " ".join(notes), (path,), (func,) if func else (), teacher)
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from pipeline.agent.policy import Policy
 from pipeline.guidance.expert import patch_edits
 from pipeline.guidance.hindsight import hindsight_prompt, parse_hindsight_answer, rule_hindsight
-from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, describe_change,
+from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, describe_change,
                                             enclosing_function, tool_messages)
 from pipeline.records import Task, Trajectory
 from pipeline.vocab import RLVR_KINDS
@@ -57,7 +57,7 @@ class RuleTeacher:
 
     def teach(self, task: Task, failed: Trajectory) -> list[TeacherGuidance]:
         path, start, old, new = patch_edits(task.patch)[0]
-        line = start + next((i for i, (a, b) in enumerate(zip(old.split("\n"), new.split("\n"))) if a != b), 3)
+        line = changed_line(start, old, new)
         func = enclosing_function(task, path)
         where = f"`{path}`" + (f", in `{func}`" if func else "") + f", around line {line}"
         test = task.FAIL_TO_PASS[0]

@@ -72,3 +72,8 @@ def abridged(traj: Trajectory, limit: int = 6000) -> str:
 
 def tool_messages(traj: Trajectory) -> list[dict]:
     return [m for m in traj.messages[len(traj.prompt):] if m["role"] == "tool"]
+
+
+def changed_line(start: int, old: str, new: str) -> int:
+    """The first line a hunk starting at `start` changes (its context lines skipped)."""
+    return start + next((i for i, (a, b) in enumerate(zip(old.split("\n"), new.split("\n"))) if a != b), 3)
