@@ -269,7 +269,8 @@ def test_tiny_local_model_runs_an_attempt_with_logprobs(tmp_path, sandbox, task)
                                                max_new_tokens=24))
     attempt = run_attempt(task, policy, sandbox, AgentConfig(max_steps=2, max_format_errors=5), seed=0)
     assert attempt.exit_status == "max_steps"  # random weights write no valid call: 2 format errors of 5 allowed
-    assert not attempt.tools and "<tool_call>" in attempt.prompt[0]["content"]  # the template takes no tools
+    assert policy.native_tools and [t["function"]["name"] for t in attempt.tools] == ["bash", "edit", "submit"]
+    assert '"name": "bash"' in policy.tokenizer.decode(attempt.prompt_token_ids[0])  # the template renders the schemas
     turns = [m for m in attempt.messages if m["role"] == "assistant"]
     assert len(attempt.logprobs) == len(turns) == len(attempt.steps) >= 1
     assert all(lp and all(value <= 0 for value in lp) for lp in attempt.logprobs)
