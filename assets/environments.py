@@ -13,7 +13,7 @@ from pipeline.rescue import teacher_client
 from pipeline.sources.swebench_rows import load_tasks
 from pipeline.store import read_records, write_rows
 from pipeline.synthesis.env_image import build_environment_image
-from pipeline.synthesis.packages import PackageError, fetch_source, package_specs
+from pipeline.synthesis.packages import PackageError, fetch_source, package_lock, package_specs
 from pipeline.synthesis.synth import synthesize
 from pipeline.tasks.decontam import decontaminate
 from pipeline.tasks.validate import check_tasks
@@ -34,10 +34,11 @@ def sandbox_base_image(settings: HandholdSettings) -> dg.MaterializeResult:
 def each_package(context, settings: HandholdSettings, make) -> tuple[dict, dict]:
     """`make(spec)` for every configured package: what each made, and why each that failed did (logged; the
     `tasks` asset records these packages in rejects.parquet and keeps the others' tasks)."""
-    made, failed = {}, {}
+    made, failed, cache = {}, {}, settings.layout().cache()
     for spec in package_specs(settings.resolved().synth.packages):
         try:
-            made[spec.key] = make(spec)
+            with package_lock(cache, spec.name):
+                made[spec.key] = make(spec)
         except PackageError as error:
             failed[spec.key] = f"{error.stage}: {error}"
             context.log.warning(f"package {spec.key} set aside at {error.stage}: {str(error)[:500]}")

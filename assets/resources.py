@@ -69,7 +69,7 @@ class _Settings(dg.ConfigurableResource):
 
     def layout(self) -> Layout:
         """The data folder: every path a stage writes or reads (pipeline/layout.py)."""
-        return Layout(Path(self.data_dir))
+        return Layout(Path(self.data_dir), Path(self.cache_dir) if self.cache_dir else None)
 
     def batch_name(self, context) -> str:
         """The run's batch partition; else `batch`; else the UTC date the run was created (the same for

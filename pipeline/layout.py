@@ -1,7 +1,7 @@
 """Where everything lives under the data folder: every path a stage writes or reads, and the typed readers
 of the stored tables. Nothing else names a folder of the data folder.
 
-    cache/                                    sdists, wheels, synthesized tasks per package and settings
+    cache/                                    sdists, wheels, synthesized tasks per package and settings (or cache_dir)
     sources/dataset_tasks.parquet             public dataset rows read (task_sources), and their rejects
     tasks/tasks.parquet                       validated tasks, their rejects, the synthesis report
     trajectories/{unguided,guided}/<batch>/   one batch's attempts (trajectories.parquet, shards/)
@@ -37,12 +37,16 @@ def probe_batch(batch: str) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """The data folder `root`. A path's parent folder exists once the path is asked for."""
+    """The data folder `root`; `cache_root`, when given, holds the cache instead of root/cache. A path's parent
+    folder exists once the path is asked for."""
 
     root: Path
+    cache_root: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).resolve())
+        if self.cache_root is not None:
+            object.__setattr__(self, "cache_root", Path(self.cache_root).resolve())
 
     def _at(self, *parts: str) -> Path:
         out = self.root.joinpath(*parts)
@@ -51,7 +55,10 @@ class Layout:
 
     # task sources and tasks
     def cache(self) -> Path:
-        return self._at("cache")
+        if self.cache_root is None:
+            return self._at("cache")
+        self.cache_root.mkdir(parents=True, exist_ok=True)
+        return self.cache_root
 
     def dataset_tasks(self) -> Path:
         return self._at("sources", "dataset_tasks.parquet")

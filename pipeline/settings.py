@@ -50,6 +50,9 @@ class HandholdConfig:
 
     data_dir: str = "data"
     """Folder all Parquet files and datasets are written under (relative to the working dir)."""
+    cache_dir: str = ""
+    """Folder of downloaded sdists, unpacked sources and synthesized tasks (per package and settings), shareable by
+    several data folders and runs at once (each package is locked while it is made); '': <data_dir>/cache."""
     batch: str = ""
     """Batch partition name; empty: the UTC date the run was created, so a rerun the same day resumes."""
     rollout_tasks: int = 6

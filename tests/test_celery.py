@@ -164,9 +164,10 @@ def run_batches(run_config: dict, tmp_path: Path) -> dict[str, tuple[subprocess.
     return runs
 
 
-def test_rollout_partitions_spread_over_two_celery_workers(base_image, broker, instance, workers, tmp_path):
+def test_rollout_partitions_spread_over_two_celery_workers(base_image, graph_cache, broker, instance, workers,
+                                                            tmp_path):
     began = time.time()
-    values = dict(SETTINGS, data_dir=str(tmp_path / "data"))
+    values = dict(SETTINGS, data_dir=str(tmp_path / "data"), cache_dir=graph_cache)
     prepared = dg.materialize(all_assets, selection=["sandbox_base_image", "task_sources", "environment_images",
                                                       "tasks"], instance=instance,
                               resources={"settings": HandholdSettings(**values), "credentials": Credentials()})

@@ -19,6 +19,28 @@ def test_paths_sit_under_the_root_with_their_folders_made(tmp_path):
         layout.trajectories("probe", "b1")
 
 
+def test_a_shared_cache_folder_is_locked_per_package_across_processes(tmp_path):
+    import subprocess
+    import sys
+
+    from assets.resources import HandholdSettings
+    from pipeline.synthesis.packages import package_lock
+
+    shared = tmp_path / "cache"
+    first, second = (HandholdSettings(data_dir=str(tmp_path / d), cache_dir=str(shared)).layout() for d in "ab")
+    assert first.cache() == second.cache() == shared and first.tasks().parent == tmp_path / "a" / "tasks"
+    assert Layout(tmp_path / "c").cache() == tmp_path / "c" / "cache"
+    waits = [sys.executable, "-c", "import sys, pathlib; from pipeline.synthesis.packages import package_lock\n"
+             f"with package_lock(pathlib.Path({str(shared)!r}), sys.argv[1]): print('got it')"]
+    with package_lock(shared, "toolz"):
+        other = subprocess.run([*waits, "boltons"], capture_output=True, text=True, timeout=60)
+        assert other.stdout == "got it\n", other.stderr  # another package's lock is free
+        held = subprocess.Popen([*waits, "toolz"], stdout=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            held.wait(timeout=2)  # the same package waits for this process
+    assert held.communicate(timeout=60)[0] == "got it\n"
+
+
 def test_batches_are_found_under_every_origin_and_files_in_order(tmp_path):
     layout = Layout(tmp_path)
     write_rows(layout.trajectory_file("unguided", "b2"), [], TRAJECTORY_SCHEMA)

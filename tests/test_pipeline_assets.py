@@ -31,10 +31,10 @@ SMALL_TRAINING = {"sft": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gr
 
 
 @pytest.mark.timeout(1800)  # the whole graph, from synthesis to four models evaluated: the suite's longest test
-def test_graph_materializes_on_a_small_slice(base_image, tmp_path):
+def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     # One family of each kind (a teacher's plan, hindsight, action prefixes): tests/test_guidance.py covers
     # the other teacher kinds
-    values = dict(data_dir=str(tmp_path / "data"), batch="test", rollout_tasks=2,
+    values = dict(data_dir=str(tmp_path / "data"), cache_dir=graph_cache, batch="test", rollout_tasks=2,
                   synth={"packages": ["toolz"], "tasks_per_package": 2},
                   rollout={"attempts": 2, "agent": {"max_steps": 30}},
                   guidance={"compare_linear": False, "kinds": ["plan", "hindsight", "action"]},

@@ -16,7 +16,9 @@ the container needs the network.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -155,6 +157,17 @@ def resolve_version(spec: PackageSpec, cache: Path) -> PackageSpec:
         raise PackageError(f"{spec.key}: pip downloaded no sdist ({out.strip()[-300:]})", "fetch")
     stem = re.sub(r"\.(tar\.gz|zip)$", "", Path(saved[-1]).name)
     return dataclasses.replace(spec, version=stem.rpartition("-")[2])
+
+
+@contextlib.contextmanager
+def package_lock(cache: Path, name: str):
+    """Held while this process fetches, builds or synthesizes package `name` in `cache`: runs sharing a cache
+    (the cache_dir setting) wait for each other instead of unpacking or synthesizing into the same files."""
+    path = cache / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        yield
 
 
 def fetch_source(spec: PackageSpec, cache: Path) -> Path:

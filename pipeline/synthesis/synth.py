@@ -38,8 +38,8 @@ from pipeline.synthesis.difficulty import difficulty, task_difficulty
 from pipeline.synthesis.env_image import build_environment_image
 from pipeline.synthesis.issue_writer import written_statement
 from pipeline.synthesis.mutations import BugCandidate, collect_candidates
-from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fetch_source, package_specs, resolve,
-                                         test_command)
+from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fetch_source, package_lock, package_specs,
+                                         resolve, test_command)
 from pipeline.synthesis.patches import bug_patch, gold_patch
 from pipeline.synthesis.rewrite import rewrite_candidates
 from pipeline.synthesis.statements import failure_messages_from_log
@@ -205,9 +205,10 @@ def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker
     for spec in specs if specs is not None else package_specs(config.packages):
         begun = time.monotonic()
         try:
-            with report.clock.stage("image"):
-                spec = resolve(spec, cache)
-            found = _package_tasks(spec, base_image, cache, config, report, client, statement_writer, rewriter)
+            with package_lock(cache, spec.name):
+                with report.clock.stage("image"):
+                    spec = resolve(spec, cache)
+                found = _package_tasks(spec, base_image, cache, config, report, client, statement_writer, rewriter)
             report.difficulty += [(spec.key, json.loads(t.provenance)["kind"], task_difficulty(t)) for t in found]
             tasks += found
         except PackageError as exc:
