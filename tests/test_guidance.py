@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
-from pipeline.agent.heuristic import HeuristicPolicy
+from pipeline.agent.heuristic import HeuristicPolicy, guided_targets
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_prefix, search_steps_bound
@@ -146,6 +147,14 @@ def test_rule_hindsight_names_the_shared_mistake_and_the_place_never_the_fix(too
                           GuidanceConfig(kinds=("hindsight",)))
     assert [(p.kind, p.accepted, p.leaked) for p in plans] == [("hindsight", True, False)]
     assert plans[0].text == hint.prompt_text()
+
+    # Attempts that edited another file: the hint names the right place first, where a reader (and the heuristic,
+    # which follows the first file a hint names) starts
+    elsewhere = "diff --git a/toolz/other.py b/toolz/other.py\n--- a/toolz/other.py\n+++ b/toolz/other.py\n"
+    hint = RuleTeacher().hindsight(toolz_task, [dataclasses.replace(t, patch=elsewhere) for t in group])
+    assert hint.text.startswith(f"The failure comes from `{provenance['file']}` (`{function}`), which none of the 2 "
+                                "attempts changed: they all edited `toolz/other.py` instead.")
+    assert guided_targets(hint.prompt_text())[0].path == provenance["file"]
 
 
 def test_rule_teacher_names_the_place_without_the_fix(toolz_task, tmp_path):

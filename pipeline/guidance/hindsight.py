@@ -43,8 +43,8 @@ def rule_hindsight(task: Task, group: list[Trajectory], teacher: str = "rule") -
         notes.append(f"None of the {n} attempts changed the repository: each stopped before making an edit.")
     elif not any(path in e for e in edited):
         others = sorted({f for e in edited for f in e})
-        notes.append(f"All {n} attempts edited {', '.join(f'`{f}`' for f in others)}, but the failure comes from "
-                     f"{place}, which none of them changed.")
+        notes.append(f"The failure comes from {place}, which none of the {n} attempts changed: they all edited "
+                     f"{', '.join(f'`{f}`' for f in others)} instead.")  # the right place named first
     else:
         kept = sum(path in e for e in edited)
         notes.append(f"{kept} of {n} attempts edited {place} and kept an edit there although `{test}` still failed "
