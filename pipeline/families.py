@@ -24,8 +24,9 @@ def family_rows(plans: list[GuidancePlan], guided: list[Trajectory],
     rows = []
     for kind in [k for k in GUIDANCE_KINDS if any(p.kind == k for p in plans)]:
         mine = [p for p in plans if p.kind == kind]
-        tried = {p.instance_id for p in mine if p.accepted} & (set(ran.get(kind, ())) if ran is not None else
-                                                               {p.instance_id for p in mine})
+        tried = {p.instance_id for p in mine if p.accepted}
+        if ran is not None:  # a cascade: only where the family's turn came
+            tried &= set(ran.get(kind, ()))
         attempts = [t for t in guided if t.guidance_kind == kind and t.instance_id in tried and not t.infra_error]
         rescued = {t.instance_id for t in attempts if t.resolved}
         searched = [p.k_star / p.K for p in mine if p.accepted and p.K > 0]
