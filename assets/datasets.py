@@ -8,6 +8,7 @@ import dagster as dg
 import polars as pl
 
 from assets.resources import Credentials, HandholdSettings
+from pipeline.costs import cost_markdown, cost_totals, pairs_by_origin, stored_cost_rows
 from pipeline.datasets import read_dataset, update_datasets
 from pipeline.datasets.manifest import read_manifest
 from pipeline.datasets.card import HISTOGRAM_FILE, CardInfo, pass_rates
@@ -137,9 +138,15 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     plans = [pl.read_parquet(f) for f in settings.layout().guidance_files()]
     folder = settings.layout().export()
     tables, moved = split_by_task(_export_tables(settings), settings.layout().read_tasks(), config.datasets.test_fraction)
+    dpo = tables["dpo"]
+    costs, unread = stored_cost_rows(settings.layout(), config.costs,
+                                     pairs_by_origin(dpo["chosen_source"].to_list() if dpo.height else []))
+    for old in unread:
+        context.log.warning(f"batch {old}: guidance of an older contract, its teacher cost is left out of `costs`")
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
-                                     checks=manifest_checks(read_manifest(settings.layout().dataset_rows()))),
+                                     checks=manifest_checks(read_manifest(settings.layout().dataset_rows())),
+                                     costs=tuple(costs)),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []
@@ -153,6 +160,7 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     return dg.MaterializeResult(metadata={
         "path": str(folder), "rows": report.rows, "files": len(report.files), "empty": list(report.empty),
         "rows_moved_to_task_split": moved,
+        "costs": dg.MetadataValue.md(cost_markdown(costs)), "cost": cost_totals(costs)["cost"],
         "load_with": f'datasets.load_dataset("{folder}", "dpo")', **pictures})
 
 

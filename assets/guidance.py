@@ -5,14 +5,13 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
-from pipeline.costs import cost_markdown, cost_rows
-from pipeline.families import family_chart, family_markdown, family_rows
+from pipeline.cascade import cascade_savings, guided_batch, savings_markdown
+from pipeline.costs import cost_markdown, cost_rows, cost_totals
+from pipeline.families import family_chart, family_markdown, family_rows, head_to_head, head_to_head_markdown
 from pipeline.invariants import batch_invariants, reference_checks
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
-from pipeline.rescue import SearchStats, action_plans, failed_groups, guided_guidance, guided_jobs, \
-    make_teacher, recovery, teacher_plans
-from pipeline.rollouts import run_batch
-from pipeline.store import read_batch, write_rows
+from pipeline.rescue import SearchStats, action_plans, failed_groups, make_teacher, recovery, teacher_plans
+from pipeline.store import write_rows
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",
@@ -34,7 +33,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     for p in plans:
         if not p.accepted:
             context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
-    probes = [t for folder in sorted(layout.trajectories("probes", batch).glob("*/")) for t in read_batch(folder)]
+    probes = layout.read_probes(batch)
     return dg.MaterializeResult(metadata={
         **reference_checks(plans, probes, tasks),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
@@ -50,23 +49,27 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
                     credentials: Credentials) -> dg.MaterializeResult:
     """A guided group of N attempts per failed task and guidance, graded like unguided ones; the families head to
     head on the same failed groups (`families`)."""
-    batch, layout = settings.batch_name(context), settings.layout()
+    batch, layout, config = settings.batch_name(context), settings.layout(), settings.resolved()
     plans = layout.read_plans(batch)
     tasks = {t.instance_id: t for t in layout.read_tasks()}
-    policy, config = make_policy(settings, credentials), settings.resolved().rollout
-    jobs = guided_jobs(tasks, guided_guidance(plans), policy, config, batch)
+    policy = make_policy(settings, credentials)
     out = layout.trajectories("guided", batch)
-    summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
+    summary, cascade = guided_batch(tasks, plans, policy, config.rollout, config.guidance, out, batch,
+                                    progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
     invariants = batch_invariants(guided, tasks)
+    probes = layout.read_probes(batch)
+    families = family_rows(plans, guided, cascade.ran if cascade else None)
+    costs = cost_rows([*layout.read_trajectories("unguided", batch), *guided], config.costs, probes, plans)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
-        "families": dg.MetadataValue.md(family_markdown(family_rows(plans, guided))),
-        "families_chart": dg.MetadataValue.md(family_chart(family_rows(plans, guided))),
-        "costs": dg.MetadataValue.md(cost_markdown(cost_rows(
-            [*layout.read_trajectories("unguided", batch), *guided], settings.resolved().costs,
-            [t for folder in sorted(layout.trajectories("probes", batch).glob("*/")) for t in read_batch(folder)]))),
+        "families": dg.MetadataValue.md(family_markdown(families)),
+        "families_chart": dg.MetadataValue.md(family_chart(families)),
+        "head_to_head": dg.MetadataValue.md(head_to_head_markdown(head_to_head(families, costs))),
+        "costs": dg.MetadataValue.md(cost_markdown(costs)), "cost": cost_totals(costs)["cost"],
+        **({"cascade": dg.MetadataValue.md(savings_markdown(cascade_savings(cascade, config.costs)))}
+           if cascade else {}),
         "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
         **{f"batch_{k}": v for k, v in summary.metrics().items()}, **invariants,
     }, check_results=rollout_checks("guided_rollouts", out / "trajectories.parquet", batch, guided, invariants,
-                                    config.max_infra_error_rate))
+                                    config.rollout.max_infra_error_rate))

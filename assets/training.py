@@ -12,6 +12,7 @@ import dagster as dg
 
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
+from pipeline.costs import CostConfig
 from pipeline.pictures import markdown_image
 from training.common import read_run, starting_model
 from training.launch import launch
@@ -108,7 +109,7 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     batch = settings.batch_name(context)
     trained = trained_tasks(tasks, config.datasets.test_fraction, sft_task_ids(layout.export()), evaluation.train_tasks)
     results = [evaluate_model(context, label, path, held_out, trained, rollout, layout, batch, evaluation,
-                              credentials) for label, path in models.items()]
+                              credentials, config.costs) for label, path in models.items()]
     report = {"tasks": task_batch(held_out), "trained_tasks": task_batch(trained),
               "test_fraction": config.datasets.test_fraction,
               "attempts_per_task": evaluation.attempts, "temperature": evaluation.temperature,
@@ -120,6 +121,7 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
         "attempts_per_task": evaluation.attempts, "interval": INTERVAL,
         "trained_tasks": len(trained), **{f"pass@1/{r['model']}": r["pass@1"] for r in results},
         **{f"trained_pass@1/{r['model']}": r["trained"]["pass@1"] for r in results if r["trained"]["tasks"]},
+        **{f"cost_per_task/{r['model']}": r["cost_per_task"] for r in results},
         "results": dg.MetadataValue.md(results_table(results)),
         "per_task": dg.MetadataValue.md(per_task_table(results)), "path": dg.MetadataValue.path(str(out))})
 
@@ -136,14 +138,14 @@ def sft_task_ids(dataset_folder: Path) -> set[str]:
 
 
 def evaluate_model(context, label: str, path: str, held_out: list, trained: list, rollout, layout, batch: str,
-                   evaluation, credentials: Credentials) -> dict:
+                   evaluation, credentials: Credentials, prices: CostConfig = CostConfig()) -> dict:
     """One model's row of the report: its identity, its score on the held-out tasks, and under `trained` its
     score on the sample of tasks it trained on (the memorization check)."""
     from pipeline.evaluation import evaluate, model_identity
 
     policy = evaluation_policy(label, path, evaluation, credentials)
     result = evaluate(label, policy, held_out, rollout, layout.evaluation(batch, label), batch,
-                      progress=context.log.info)
+                      progress=context.log.info, prices=prices)
     seen = (evaluate(f"{label}-on-trained", policy, trained, rollout, layout.evaluation(batch, f"{label}-on-trained"),
                      batch, progress=context.log.info) if trained else {"tasks": 0, "pass@1": None})
     identity = model_identity(path)  # after the run: a Hub model is in the cache by now

@@ -130,6 +130,21 @@ def root_error(failure):
     return error
 
 
+HEAD_TO_HEAD = (
+    ("guided_rollouts", "head_to_head", "Guidance families head to head on the same failed groups, with costs"),
+    ("guided_rollouts", "cascade", "What the cascade saved"),
+    ("dataset_export", "costs", "Cost per resolved task and per DPO pair, every batch"),
+    ("policy_evaluation", "results", "Evaluation: pass@1 and cost per task"))
+
+
+def head_to_head_report(metadata: dict[str, dict]) -> str:
+    """The tables a demo ends with, from each asset's metadata (by asset key): the families head to head with
+    their costs, the cascade's saving, cost per DPO pair, the evaluation; '' when none was materialized."""
+    parts = [f"{title}:\n{str(getattr(value, 'value', value)).strip()}" for asset, name, title in HEAD_TO_HEAD
+             if (value := metadata.get(asset, {}).get(name)) is not None]
+    return "\n\n".join(parts)
+
+
 def print_summary(result, keys: list, seconds: float, full: bool) -> None:
     """Per asset: succeeded, failed or not run, with its numbers; per check: passed or failed; the failures."""
     mats = {e.asset_key: e.step_materialization_data.materialization
@@ -150,6 +165,9 @@ def print_summary(result, keys: list, seconds: float, full: bool) -> None:
     for check in result.get_asset_check_evaluations():
         print(f"  check {check.asset_key.to_user_string()}:{check.check_name}  "
               f"{'passed' if check.passed else 'FAILED'}")
+    report = head_to_head_report({k.to_user_string(): m.metadata for k, m in mats.items()}) if full else ""
+    if report:
+        print(f"\n{report}")
     for step, event in failed.items():
         error = root_error(event)
         print(f"\nFAILED {step}: {error.message.strip() if error else event.message}")

@@ -31,6 +31,7 @@ from typing import Callable
 
 from pipeline.agent.identity import WEIGHT_SUFFIXES, weights_revision
 from pipeline.agent.policy import Policy
+from pipeline.costs import CostConfig, attempt_cost
 from pipeline.datasets.splits import split_group, task_split
 from pipeline.records import Task, Trajectory
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
@@ -175,26 +176,40 @@ def score(tasks: list[Task], trajectories: list[Trajectory]) -> dict:
             "infra_errors": len(trajectories) - graded, "per_task": per_task}
 
 
+def evaluation_cost(tasks: list[Task], trajectories: list[Trajectory], prices: CostConfig) -> dict:
+    """What the attempts spent, in all and per task: policy tokens (in + out), sandbox seconds (the commands and
+    the grading) and money at `prices`."""
+    spent = [attempt_cost(t, prices) for t in trajectories]
+    total = {"tokens": sum(c["tokens_in"] + c["tokens_out"] for c in spent),
+             "sandbox_s": round(sum(c["sandbox_s"] + c["grading_s"] for c in spent), 1),
+             "cost": round(sum(c["cost"] for c in spent), 6)}
+    return {**total, **{f"{k}_per_task": round(v / len(tasks), 6 if k == "cost" else 1) if tasks else None
+                        for k, v in total.items()}}
+
+
 def evaluate(label: str, policy: Policy, tasks: list[Task], rollout: RolloutConfig, out_dir: Path, batch: str,
-             progress: Callable[[str], None], sandboxes=task_sandbox) -> dict:
-    """Run and grade `policy` unguided on `tasks`: its `score` and where the attempts are."""
+             progress: Callable[[str], None], sandboxes=task_sandbox, prices: CostConfig = CostConfig()) -> dict:
+    """Run and grade `policy` unguided on `tasks`: its `score`, what it cost, and where the attempts are."""
     jobs = plan_jobs(tasks, policy, rollout, f"{batch}-eval-{label}")
     summary = run_batch(jobs, policy, rollout, out_dir, f"{batch}-eval-{label}", progress=progress,
                         sandboxes=sandboxes)
-    return {"model": label, "policy": policy.name, **score(tasks, summary.trajectories), "path": str(Path(out_dir) / "trajectories.parquet")}
+    return {"model": label, "policy": policy.name, **score(tasks, summary.trajectories),
+            **evaluation_cost(tasks, summary.trajectories, prices), "path": str(Path(out_dir) / "trajectories.parquet")}
 
 
 def results_table(results: list[dict]) -> str:
-    """One Markdown row per model: its identity, pass@1 and interval over tasks, counts, and its pass@1 on the
-    sample of tasks it trained on (`trained`, the memorization check)."""
+    """One Markdown row per model: its identity, pass@1 and interval over tasks, counts, what it cost per task
+    (policy tokens, sandbox seconds, money) and its pass@1 on the sample of tasks it trained on (`trained`, the
+    memorization check)."""
     columns = ["model", "revision", "tasks_scored", "attempts", "resolved", "pass@1", "ci95_low", "ci95_high",
-               "infra_errors", "trained_tasks", "trained_pass@1"]
+               "infra_errors", "tokens_per_task", "sandbox_s_per_task", "cost_per_task", "trained_tasks",
+               "trained_pass@1"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
         trained = r.get("trained") or {}
         cells = {**r, "revision": r["identity"]["revision"][:19] or "unknown", "trained_tasks": trained.get("tasks", 0),
                  "trained_pass@1": trained.get("pass@1")}
-        lines.append("| " + " | ".join(str(cells[c]) for c in columns) + " |")
+        lines.append("| " + " | ".join(str(cells.get(c)) for c in columns) + " |")
     return "\n".join(lines)
 
 

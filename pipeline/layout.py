@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Task, Trajectory
-from pipeline.store import read_records, read_table
+from pipeline.store import read_batch, read_records, read_table
 
 ORIGINS = ("unguided", "guided", "probes")
 """The folders under trajectories/: attempts without guidance, with it, and the prefix search's probes."""
@@ -106,6 +106,11 @@ class Layout:
         """A batch's compacted attempts, checked against the trajectory contract."""
         return [Trajectory.from_row(r) for r in read_records(self.trajectory_file(origin, batch), TRAJECTORY_SCHEMA,
                                                               produced_by=WRITTEN_BY[origin], batch=batch)]
+
+    def read_probes(self, batch: str) -> list[Trajectory]:
+        """A batch's action-search probes, every task's folder (none: [])."""
+        return [t for folder in sorted(self.trajectories("probes", batch).glob("*/"))
+                for t in read_batch(folder, WRITTEN_BY["probes"], batch)]
 
     def trajectory_files(self, origin: str | None = None) -> list[Path]:
         """Every batch's compacted file, of one origin or of unguided and guided attempts (not probes)."""

@@ -148,6 +148,12 @@ class GuidancePlan:
     probes: int = 0
     linear_k: int = -1
     linear_probes: int = 0
+    teacher_tokens_in: int = 0
+    """Prompt tokens of the teacher call that wrote this guidance, as its server reported them (0: rule teacher)."""
+    teacher_tokens_out: int = 0
+    """Tokens that teacher call generated."""
+    teacher_call_share: int = 1
+    """Plans written by that one call (Agent-RLVR's kinds come from one answer): each is charged its share."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "actions", actions_tuple(self.actions))
@@ -160,7 +166,7 @@ class GuidancePlan:
         return flat(cls, {**row, "actions": [Action(**a) for a in row["actions"]]})
 
 
-GUIDANCE_PLAN_SCHEMA = record_schema(fields_of(GuidancePlan), "2", "GuidancePlan")
+GUIDANCE_PLAN_SCHEMA = record_schema(fields_of(GuidancePlan), "3", "GuidancePlan")  # 3: the teacher's tokens
 
 
 TRAJECTORY_SCHEMA_VERSION = "3"  # 3: reasoning in messages, per-turn token ids, the policy's identity

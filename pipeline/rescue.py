@@ -57,6 +57,8 @@ class GuidanceConfig:
     """Show the teacher the gold patch (told never to quote it)."""
     reject_leaks: bool = True
     """Reject guidance that contains a line of the gold patch verbatim (else keep it, flagged)."""
+    cascade: bool = False
+    """Guided groups one family at a time in `kinds` order (list the cheapest first), each only on the groups the ones before left failed; False: every family on every failed group (head to head)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(GUIDANCE_KINDS)
@@ -99,18 +101,22 @@ def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], t
                 if set(kinds) & set(config.kinds)]
         for kinds, ask in asks:
             try:
-                items = flag_leaks(ask(), tasks[iid])
+                items = [g for g in flag_leaks(ask(), tasks[iid]) if g.kind in config.kinds]
             except Exception as exc:  # a teacher's failure (API, parse, odd patch) is that task's, not the batch's
                 log.warning("teacher failed on %s: %s", iid, exc)
-                plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc))
-                          for k in kinds if k in config.kinds]
+                wanted = [k for k in kinds if k in config.kinds]
+                spent = {"teacher_tokens_in": getattr(exc, "tokens_in", 0),
+                         "teacher_tokens_out": getattr(exc, "tokens_out", 0), "teacher_call_share": len(wanted)}
+                plans += [GuidancePlan(iid, k, "", teacher.name, accepted=False, reason=str(exc), **spent)
+                          for k in wanted]
                 continue
             for g in items:
-                if g.kind in config.kinds:
-                    rejected = g.leaked and config.reject_leaks
-                    plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, files=tuple(g.files),
-                                              functions=tuple(g.functions), leaked=g.leaked, accepted=not rejected,
-                                              reason="guidance copies the gold patch" if rejected else ""))
+                rejected = g.leaked and config.reject_leaks
+                plans.append(GuidancePlan(iid, g.kind, g.prompt_text(), g.teacher, files=tuple(g.files),
+                                          functions=tuple(g.functions), leaked=g.leaked, accepted=not rejected,
+                                          reason="guidance copies the gold patch" if rejected else "",
+                                          teacher_tokens_in=g.tokens_in, teacher_tokens_out=g.tokens_out,
+                                          teacher_call_share=len(items)))
     return plans
 
 

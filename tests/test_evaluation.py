@@ -9,10 +9,11 @@ import json
 
 import pytest
 
+from pipeline.costs import CostConfig
 from pipeline.datasets.splits import split_group, task_split
-from pipeline.evaluation import (INTERVAL, check_sampling, evaluation_rollouts, model_identity, pass_at_1,
-                                 per_task_table, results_table, score, t_quantile, task_batch, trained_tasks,
-                                 wilson_interval)
+from pipeline.evaluation import (INTERVAL, check_sampling, evaluation_cost, evaluation_rollouts, model_identity,
+                                 pass_at_1, per_task_table, results_table, score, t_quantile, task_batch,
+                                 trained_tasks, wilson_interval)
 from pipeline.rollouts import RolloutConfig
 from tests.test_datasets_build import traj
 from tests.test_splits import synth_tasks
@@ -134,13 +135,14 @@ def test_the_task_batch_and_the_tables(tasks):
     ids = [t.instance_id for t in tasks[:2]]
     assert task_batch(tasks[:2]) == {"instance_ids": ids,
                                      "sha256": hashlib.sha256(f"{ids[0]}\n{ids[1]}".encode()).hexdigest()}
-    results = [{"model": m, "identity": {"model": m, "revision": r}, **score(tasks[:2], a)} for m, r, a in [
+    results = [{"model": m, "identity": {"model": m, "revision": r}, **score(tasks[:2], a),
+                **evaluation_cost(tasks[:2], a, CostConfig())} for m, r, a in [
         ("starting", "", attempts(tasks[0], 0, 2) + attempts(tasks[1], 1, 1)),
         ("dpo", "sha256:" + "0" * 64, attempts(tasks[0], 2, 0) + attempts(tasks[1], 1, 1))]]
     results[1]["trained"] = score(tasks[2:3], attempts(tasks[2], 1, 0))  # the memorization check's column
     assert results_table(results).splitlines()[2:] == [
-        "| starting | unknown | 2 | 4 | 1 | 0.25 | 0.0 | 1.0 | 0 | 0 | None |",
-        "| dpo | sha256:000000000000 | 2 | 4 | 3 | 0.75 | 0.0 | 1.0 | 0 | 1 | 1.0 |"]
+        "| starting | unknown | 2 | 4 | 1 | 0.25 | 0.0 | 1.0 | 0 | 0.0 | 2.0 | 0.0 | 0 | None |",  # 1 s grading each
+        "| dpo | sha256:000000000000 | 2 | 4 | 3 | 0.75 | 0.0 | 1.0 | 0 | 0.0 | 2.0 | 0.0 | 1 | 1.0 |"]
     assert per_task_table(results).splitlines() == [
         "| task | starting | dpo |", "|---|---|---|",
         f"| {ids[0]} | 0/2 [0.00, 0.66] | 2/2 [0.34, 1.00] |",

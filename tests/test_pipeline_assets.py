@@ -14,7 +14,7 @@ from assets.datasets import dataset_checks
 from assets.graph import all_assets
 from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
-from pipeline.cli import run_config
+from pipeline.cli import head_to_head_report, run_config
 from pipeline.datasets.splits import split_group, task_split
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Task
 from pipeline.store import read_records
@@ -71,6 +71,7 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     planned = {p.kind for p in plans}
     assert meta["guided_rollouts"]["costs"].value.splitlines()[2].startswith("| unguided | 4 |")  # free prices
     assert [row.split(" | ")[0].strip("| ") for row in families] == [k for k in GUIDANCE_KINDS if k in planned]
+    assert meta["guided_rollouts"]["head_to_head"].value.splitlines()[2].startswith("| unguided | - | - | 4 |")
 
     checks = {(e.asset_key.to_user_string(), e.asset_check_key.name): e.passed
               for e in result.get_asset_check_evaluations()}
@@ -92,6 +93,11 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     assert_no_test_task_in_train(tmp_path / "data", 0.0)
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
     assert check_rows_against_stored_attempts(tmp_path / "data") >= 1
+    costs = meta["dataset_export"]["costs"].value.splitlines()[2:]  # every batch; pairs by the chosen's origin
+    assert sum(int(row.split(" | ")[13]) for row in costs) == meta["dpo_dataset"]["rows"].value
+    assert "## What it cost" in (tmp_path / "data/datasets/hf/README.md").read_text()
+    printed = head_to_head_report(meta)  # what `make demo` ends with
+    assert printed.startswith("Guidance families head to head") and "per DPO pair, every batch:\n| origin" in printed
 
     for stage in ("sft", "dpo", "actguide"):  # the tiny offline model trained for real on the exported rows
         assert meta[f"{stage}_model"]["steps"].value == 2, stage
@@ -117,6 +123,7 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
         assert r["pass@1"] == stored["resolved"].mean() and r["ci95_low"] <= r["pass@1"] <= r["ci95_high"]
         assert set(stored["guidance_kind"]) == {"none"} and stored["policy"][0].startswith("hf:")
         assert [t["instance_id"] for t in r["per_task"]] == report["tasks"]["instance_ids"]
+        assert r["tokens_per_task"] > 0 and r["sandbox_s_per_task"] > 0 and r["cost_per_task"] == 0  # free prices
     revisions = [r["identity"]["revision"] for r in results]  # trained weights differ from the starting ones
     assert all(v.startswith("sha256:") for v in revisions) and len(set(revisions)) == 4
     assert len(scores["per_task"].value.splitlines()) == 2 + 2  # header, rule, one row per held-out task

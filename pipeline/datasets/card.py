@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
+from pipeline.costs import costs_card_section
 from pipeline.pictures import draw_text, png
 from pipeline.vocab import NO_GUIDANCE_KIND
 
@@ -48,6 +49,8 @@ class CardInfo:
     checks: Mapping[str, int] = field(default_factory=dict)
     """Guided successes per '<check>.<guidance kind>' (the datasets build report's `checks`): prose referring
     to guidance dropped or rewritten, ungrounded left out or kept, hints holding gold lines."""
+    costs: tuple[Mapping[str, object], ...] = ()
+    """What the rows cost, per origin (pipeline/costs.py cost_rows, DPO pairs counted); empty: no section."""
 
 
 def shard_path(config: str, split: str) -> str:
@@ -86,6 +89,7 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
                                 [[c, s, n] for c, by_split in rows.items() for s, n in by_split.items()]),
         _rates_section(trajectories),
         _guidance_checks_section(card.checks, splits),
+        costs_card_section(card.costs),
         _histogram_section(histogram),
         "## Sources\n\n" + _table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),

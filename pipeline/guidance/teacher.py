@@ -7,6 +7,7 @@ Guidance that copies the gold patch is flagged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from importlib.resources import files
@@ -44,8 +45,7 @@ def leaks_patch(text: str, patch: str) -> bool:
 
 
 def flag_leaks(items: list[TeacherGuidance], task: Task) -> list[TeacherGuidance]:
-    return [TeacherGuidance(g.kind, g.text, g.files, g.functions, g.teacher, leaks_patch(g.text, task.patch))
-            for g in items]
+    return [dataclasses.replace(g, leaked=leaks_patch(g.text, task.patch)) for g in items]
 
 
 # -- the offline, rule-based teacher ------------------------------------------------------------
@@ -120,14 +120,22 @@ class LLMTeacher:
         self.name = f"llm:{client.name}"
 
     def teach(self, task: Task, failed: Trajectory) -> list[TeacherGuidance]:
-        prompt = teacher_prompt(task, failed, self.show_gold)
-        turn = self.client.act([{"role": "user", "content": prompt}], [], seed=0)
-        return parse_teacher_answer(turn.message.get("content") or "", self.name, task.instance_id)
+        return self._ask(teacher_prompt(task, failed, self.show_gold),
+                         lambda text: parse_teacher_answer(text, self.name, task.instance_id))
 
     def hindsight(self, task: Task, group: list[Trajectory]) -> TeacherGuidance:
-        prompt = hindsight_prompt(task, group, self.show_gold)
+        (found,) = self._ask(hindsight_prompt(task, group, self.show_gold),
+                             lambda text: [parse_hindsight_answer(text, self.name, task.instance_id)])
+        return found
+
+    def _ask(self, prompt: str, parse) -> list[TeacherGuidance]:
+        """One call; what `parse` reads from its answer, each piece carrying the call's tokens (an error too)."""
         turn = self.client.act([{"role": "user", "content": prompt}], [], seed=0)
-        return parse_hindsight_answer(turn.message.get("content") or "", self.name, task.instance_id)
+        used = {"tokens_in": turn.usage.prompt_tokens, "tokens_out": turn.usage.completion_tokens}
+        try:
+            return [dataclasses.replace(g, **used) for g in parse(turn.message.get("content") or "")]
+        except TeacherError as exc:
+            raise TeacherError(str(exc), **used) from None
 
 
 def parse_teacher_answer(text: str, teacher: str, item: str) -> list[TeacherGuidance]:

@@ -22,6 +22,10 @@ class TeacherGuidance:
     teacher: str = ""
     leaked: bool = False
     """The text contains a changed line of the gold patch verbatim."""
+    tokens_in: int = 0
+    """Prompt tokens of the teacher call that wrote it, as the server reported them (0: the rule teacher)."""
+    tokens_out: int = 0
+    """Tokens that call generated (one call writes Agent-RLVR's three kinds: each carries the call's count)."""
 
     def prompt_text(self) -> str:
         """What the guided attempt's task prompt gets."""
@@ -29,7 +33,11 @@ class TeacherGuidance:
 
 
 class TeacherError(RuntimeError):
-    """The teacher's answer could not be used (not JSON, missing kinds)."""
+    """The teacher's answer could not be used (not JSON, missing kinds); the call's tokens were spent all the same."""
+
+    def __init__(self, message: str, tokens_in: int = 0, tokens_out: int = 0):
+        super().__init__(message)
+        self.tokens_in, self.tokens_out = tokens_in, tokens_out
 
 
 CHANGE_WORDS = [  # (test on removed+added text, description): what kind of change, never the change
