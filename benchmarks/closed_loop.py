@@ -1,8 +1,8 @@
 """The closed loop, measured: does a model trained on the pipeline's rows solve the tasks it trained on?
 
-    PYTHONPATH=. python benchmarks/closed_loop.py --steps 200 --learning-rate 3e-3 --out /tmp/closed-loop
+    PYTHONPATH=. python benchmarks/closed_loop.py --steps 150 --learning-rate 5e-3 --rollouts 2 --out /tmp/closed-loop
 
-Synthesizes toolz tasks (cached under --out), rolls the heuristic out once per task in Docker sandboxes,
+Synthesizes toolz tasks (cached under --out), rolls the heuristic out --rollouts times per task with one seed,
 builds and exports the SFT rows of its successes, fine-tunes the tiny offline model on them (training/sft.py),
 then runs the starting and the trained model as the local HF policy, greedy and unguided, on the tasks it
 trained on, through the same sandboxes and grader. Prints the training's steps, seconds and losses, and each
@@ -12,13 +12,15 @@ model's pass@1 on those tasks; with --show, the trained model's replies.
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 import time
 from pathlib import Path
 
 
-def tasks_and_rows(out: Path):
-    """The synthesized tasks (cached) and the export folder of the heuristic's successes, one per task."""
+def tasks_and_rows(out: Path, rollouts: int):
+    """The synthesized tasks (cached) and the export folder of the heuristic's successes: `rollouts` batches of
+    one attempt per task, all with the same seed (the same actions; observations differ where runs do)."""
     import docker
 
     from pipeline.agent.heuristic import HeuristicPolicy
@@ -43,8 +45,10 @@ def tasks_and_rows(out: Path):
         saved.write_bytes(pickle.dumps(tasks))
     policy = HeuristicPolicy()
     config = RolloutConfig(attempts=1, workers=2, agent=AgentConfig(max_steps=30))
-    summary = run_batch(plan_jobs(tasks, policy, config, "heuristic"), policy, config, out / "heuristic", "heuristic")
-    rows = build_rows(summary.trajectories, DatasetConfig(test_fraction=0.0)).sft
+    attempts = [t for i in range(rollouts)
+                for t in run_batch(plan_jobs(tasks, policy, config, f"heuristic-{i}"), policy, config,
+                                   out / f"heuristic-{i}", f"heuristic-{i}").trajectories]
+    rows = build_rows(attempts, DatasetConfig(test_fraction=0.0)).sft
     export_dataset(out / "hf", {"sft": rows}, CardInfo("closed-loop", run_id="heuristic"))
     solved = set(rows["instance_id"])
     return [t for t in tasks if t.instance_id in solved], out / "hf"
@@ -62,19 +66,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--rollouts", type=int, default=2, help="heuristic batches trained on (same seed)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/closed-loop"))
     parser.add_argument("--show", action="store_true", help="print the trained model's replies")
     args = parser.parse_args()
-    trained_on, folder = tasks_and_rows(args.out)
+    trained_on, folder = tasks_and_rows(args.out, args.rollouts)
     print(f"{len(trained_on)} tasks solved by the heuristic, trained on: {[t.instance_id for t in trained_on]}")
     tiny = str(build_tiny_model(args.out / "tiny"))
     config = SFTTrainingConfig(learning_rate=args.learning_rate, lr_scheduler="constant", warmup=0,
-                               per_device_batch_size=len(trained_on), gradient_accumulation_steps=1,
+                               per_device_batch_size=1, gradient_accumulation_steps=1,
                                max_steps=args.steps, max_length=16384)
     result = train_sft(config, tiny, folder, args.out / "sft")
     s = result.summary
+    history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    learnt = [m["step"] for m in history if m.get("mean_token_accuracy") == 1.0]
     print(f"sft: {s['steps']} steps in {s['seconds']} s, loss {s['first_loss']:.3f} -> {s['final_loss']:.4f}, "
-          f"token accuracy {s['final_token_accuracy']:.4f}")
+          f"token accuracy {s['final_token_accuracy']:.4f} (first 1.0 at step {learnt[0] if learnt else '-'})")
     rollout = RolloutConfig(attempts=1, workers=1, agent=AgentConfig(max_steps=30))
     for label, path in (("starting", tiny), ("sft", str(result.checkpoint))):
         policy = make_policy(PolicySpec(kind="hf", model=path, temperature=0.0, max_tokens=512))
