@@ -14,6 +14,7 @@ import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
 from pipeline.pictures import draw_text, png
+from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
 
 HISTOGRAM_FILE = "k_star_histogram.png"
@@ -48,6 +49,8 @@ class CardInfo:
     checks: Mapping[str, int] = field(default_factory=dict)
     """Guided successes per '<check>.<guidance kind>' (the datasets build report's `checks`): prose referring
     to guidance dropped or rewritten, ungrounded left out or kept, hints holding gold lines."""
+    quarantine: tuple[QuarantinedTask, ...] = ()
+    """The tasks set aside for unsound behaviour over time (pipeline/tasks/flakiness.py): no row comes from them."""
 
 
 def shard_path(config: str, split: str) -> str:
@@ -87,6 +90,7 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         _rates_section(trajectories),
         _guidance_checks_section(card.checks, splits),
         _histogram_section(histogram),
+        _quarantine_section(card.quarantine),
         "## Sources\n\n" + _table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
         _loading_section(card.repo_id, list(rows)),
@@ -163,6 +167,12 @@ def contributions(splits: dict[str, dict[str, pa.Table]]) -> dict[str, dict[str,
         for source, n in frame.group_by(column).len().rows() if frame is not None else ():
             counts.setdefault(source, {})[config] = n
     return counts
+
+
+def _quarantine_section(entries: tuple[QuarantinedTask, ...]) -> str:
+    return ("## Quarantined tasks\n\nTasks whose gold patch stopped resolving, whose empty patch started passing, or "
+            "whose grades disagreed across runs when re-validated; no row comes from them (the `tasks` table keeps "
+            "each task's `recheck_runs` and `recheck_disagreements`).\n\n" + quarantine_markdown(entries))
 
 
 def _histogram_section(histogram: pl.DataFrame | None) -> str:
