@@ -109,7 +109,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
         context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
     stats = report.as_json()
     layout.synth_report().write_text(json.dumps(stats, indent=1))
-    validated = task_check(all_tasks, config.recheck_tasks, layout.rechecks(), context.run_id, config.quarantine)
+    validation = task_check(all_tasks, config.recheck_tasks, layout.rechecks(), context.run_id, config.quarantine)
     held = quarantined(read_rechecks(layout.rechecks()), config.quarantine.readmit)
     return dg.MaterializeResult(metadata={
         "quarantined": len(held), "quarantine": dg.MetadataValue.md(quarantine_markdown(held.values())),
@@ -118,4 +118,4 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
         "per_package": stats["per_package"], "per_kind": stats["per_kind"], "copies_removed": stats["removed"],
         "synth_seconds_per_task": stats["seconds_per_task"], "synth_tasks_per_hour": stats["tasks_per_hour"],
         "synth_breakdown": stats["breakdown"],
-    }, check_results=[validated, answer_check(all_tasks, config.recheck_tasks)])
+    }, check_results=[validation, answer_check(all_tasks, config.recheck_tasks)])
