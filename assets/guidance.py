@@ -5,6 +5,7 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
+from assets.rollouts import attemptable, quarantine
 from pipeline.costs import cost_markdown, cost_rows
 from pipeline.families import family_chart, family_markdown, family_rows
 from pipeline.invariants import batch_invariants, reference_checks
@@ -23,8 +24,8 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     """Guidance for each failed group: the teacher's hints (Agent-RLVR's three kinds, hindsight) and the minimal
     action prefix."""
     config, batch, layout = settings.resolved().guidance, settings.batch_name(context), settings.layout()
-    unguided = layout.read_trajectories("unguided", batch)
-    tasks = {t.instance_id: t for t in layout.read_tasks()}
+    unguided, held = layout.read_trajectories("unguided", batch), quarantine(settings)
+    tasks = attemptable(settings, held)  # a task this batch's own grades quarantined gets no guidance either
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
     plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
@@ -38,6 +39,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     return dg.MaterializeResult(metadata={
         **reference_checks(plans, probes, tasks),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
+        "quarantined_skipped": len(held.keys() & {t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
         "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics(),
     })

@@ -1,6 +1,7 @@
 """Assets that run the policy: unguided rollouts (N attempts per task, graded by the tests)."""
 
 from itertools import zip_longest
+from typing import Mapping
 
 import dagster as dg
 import polars as pl
@@ -29,14 +30,19 @@ def quarantine(settings: HandholdSettings) -> dict[str, QuarantinedTask]:
     return quarantined(read_rechecks(settings.layout().rechecks()), settings.resolved().quarantine.readmit)
 
 
+def attemptable(settings: HandholdSettings, held: Mapping[str, QuarantinedTask] | None = None) -> dict[str, Task]:
+    """The stored tasks a batch may attempt (or rescue), by instance id: those not quarantined (`held`)."""
+    held = quarantine(settings) if held is None else held
+    return {t.instance_id: t for t in settings.layout().read_tasks() if t.instance_id not in held}
+
+
 def rollout_tasks(settings: HandholdSettings, policy: str, batch: str) -> list[Task]:
     """The batch's tasks: those not quarantined, those `policy` has not attempted in another batch first (a
     nightly batch takes new tasks), repositories interleaved, cut to `rollout_tasks`."""
-    done, held = attempted_elsewhere(settings, policy, batch), quarantine(settings)
+    done = attempted_elsewhere(settings, policy, batch)
     by_repo: dict[str, list[Task]] = {}
-    for task in settings.layout().read_tasks():
-        if task.instance_id not in held:
-            by_repo.setdefault(task.repo, []).append(task)
+    for task in attemptable(settings).values():
+        by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
     tasks.sort(key=lambda t: t.instance_id in done)  # stable: the interleaved order kept within each part
     limit = settings.resolved().rollout_tasks

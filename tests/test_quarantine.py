@@ -118,12 +118,15 @@ def settings(tmp_path):
 
 def test_rollout_planning_skips_quarantined_tasks_until_readmitted(settings):
     from assets.resources import HandholdSettings
-    from assets.rollouts import quarantine, rollout_tasks
+    from assets.rollouts import attemptable, quarantine, rollout_tasks
 
     assert [t.instance_id for t in rollout_tasks(settings, "heuristic", "b1")] == ["t2", "t5"]
-    assert list(quarantine(settings)) == ["t1"]
+    assert list(quarantine(settings)) == ["t1"] and list(attemptable(settings)) == ["t2", "t5"]  # guidance's tasks
+    record_rechecks(settings.layout().rechecks(), "b1", "rollouts", [record("t5", "b1", 2.0, split=1, gold=-1,
+                                                                            source="rollouts")])
+    assert list(attemptable(settings)) == ["t2"]  # the batch's own grades quarantine it before its guidance
     back = HandholdSettings(data_dir=settings.data_dir, rollout_tasks=0, quarantine={"readmit": ["t1"]})
-    assert [t.instance_id for t in rollout_tasks(back, "heuristic", "b1")] == ["t1", "t2", "t5"]
+    assert [t.instance_id for t in rollout_tasks(back, "heuristic", "b1")] == ["t1", "t2"]
 
 
 T5 = [traj("x0", iid="t5"), traj("x1", iid="t5", reward=1.0, sample=1)]
