@@ -14,6 +14,7 @@ from pipeline.rescue import SearchStats, action_plans, failed_groups, guided_gui
     make_teacher, recovery, teacher_plans
 from pipeline.rollouts import run_batch
 from pipeline.store import read_batch, write_rows
+from pipeline.tasks.flakiness import record_rechecks, rollout_records
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",
@@ -61,8 +62,11 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
     invariants = batch_invariants(guided, tasks)
+    graded = rollout_records(guided, invariants["regrade_mismatch_rows"], batch)  # quarantines from the next batch
+    record_rechecks(layout.rechecks(), batch, "guided_rollouts", graded)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
+        "graded_inconsistently": [r.instance_id for r in graded],
         "families": dg.MetadataValue.md(family_markdown(family_rows(plans, guided))),
         "families_chart": dg.MetadataValue.md(family_chart(family_rows(plans, guided))),
         "costs": dg.MetadataValue.md(cost_markdown(cost_rows(
