@@ -15,7 +15,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.records import TRAJECTORY_SCHEMA, Task, Trajectory
+from pipeline.records import TRAJECTORY_SCHEMA, RejectedTask, Task, Trajectory
+from pipeline.tasks.flakiness import (QuarantineConfig, TaskRecheck, quarantined, read_rechecks, reason,
+                                       record_rechecks)
 from pipeline.store import RecordContractError, read_records
 
 ROLLOUT_CHECKS = {
@@ -56,19 +58,30 @@ def rollout_checks(asset: str, path: Path, batch: str, trajectories: list[Trajec
 
 
 TASK_CHECK = dg.AssetCheckSpec("tasks_validate", asset="tasks", blocking=True,
-                               description="A sample of stored tasks re-validated in fresh sandboxes: the gold "
-                                           "patch resolves each, the empty patch does not.")
+                               description="A sample of stored tasks re-validated in fresh sandboxes and recorded: "
+                                           "the gold patch resolves each on every run, the empty patch does not; a "
+                                           "task that fails is quarantined, and only a re-admitted one fails the check.")
 
 
-def task_check(tasks: list[Task], sample: int, seed: int = 0) -> dg.AssetCheckResult:
-    """Re-validate up to `sample` stored tasks (picked at random, seeded) exactly as validation did."""
-    from pipeline.tasks.validate import check_tasks
+def task_check(tasks: list[Task], sample: int, rechecks: Path, run_id: str, config: QuarantineConfig,
+               seed: int = 0) -> dg.AssetCheckResult:
+    """Re-validate up to `sample` stored tasks (picked at random, seeded), `config.recheck_runs` gold grades
+    each, record every verdict under `rechecks`; fails on a sandbox fault or a failing task left admitted."""
+    from pipeline.tasks.validate import recheck_tasks
 
     picked = random.Random(seed).sample(tasks, min(sample, len(tasks)))
-    _, failed = check_tasks(picked)
-    return dg.AssetCheckResult(check_name="tasks_validate", passed=not failed, metadata={
-        "checked": len(picked), "failed": len(failed),
-        "failures": "\n".join(f"{r.item}: {r.reason[:200]}" for r in failed) or "(none)"})
+    results = recheck_tasks(picked, run_id, config.recheck_runs)
+    records = [r for r in results if isinstance(r, TaskRecheck)]
+    record_rechecks(rechecks, run_id, "tasks_validate", records)
+    held = quarantined(read_rechecks(rechecks), config.readmit)
+    failed = [(r.item, r.reason[:200]) for r in results if isinstance(r, RejectedTask)]
+    failed += [(r.instance_id, f"{reason(r)}: {r.evidence[:200]}") for r in records if reason(r)]
+    admitted = [(task, why) for task, why in failed if task not in held]
+    failures = [f"{task}: {why}" + ("" if task in held else " (admitted)") for task, why in failed]
+    return dg.AssetCheckResult(check_name="tasks_validate", passed=not admitted, metadata={
+        "checked": len(picked), "runs_each": config.recheck_runs, "failed": len(failed),
+        "failed_admitted": len(admitted), "quarantined": len(held),
+        "failures": "\n".join(failures) or "(none)"})
 
 
 ANSWER_CHECK = dg.AssetCheckSpec("tasks_answer_hidden", asset="tasks", blocking=True,

@@ -18,6 +18,7 @@ from pipeline.datasets.formats import row_text
 from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.secrets import scan_tables
+from pipeline.tasks.flakiness import left_out, quarantined, read_rechecks, task_table
 from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.vocab import DATASET_KINDS
 
@@ -28,6 +29,13 @@ def _trajectories(settings: HandholdSettings) -> pl.DataFrame:
     """Every stored unguided and guided attempt of every batch (the compacted files)."""
     files = settings.layout().trajectory_files()
     return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed") if files else pl.DataFrame()
+
+
+def _left_out(settings: HandholdSettings) -> dict[str, str]:
+    """The tasks no dataset row comes from, with why (quarantined, or flakier than the datasets allow)."""
+    config = settings.resolved()
+    return left_out(read_rechecks(settings.layout().rechecks()), config.quarantine.readmit,
+                    config.datasets.max_disagreement_rate)
 
 
 def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
@@ -55,8 +63,8 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
     layout = settings.layout()
     tasks = layout.read_tasks()
     gold = {t.instance_id: t.patch for t in tasks}
-    out = layout.dataset_rows()
-    report = update_datasets(layout.root, out, config, gold, split_groups(tasks))
+    out, gone = layout.dataset_rows(), _left_out(settings)
+    report = update_datasets(layout.root, out, config, gold, split_groups(tasks), gone)
     for skipped in report.skipped_files:
         context.log.warning(f"skipped {skipped}")
     for kind in DATASET_KINDS:
@@ -65,6 +73,8 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
         yield dg.MaterializeResult(asset_key=f"{kind}_dataset", metadata={
             "path": str(out / kind), "rows": rows.height, "splits": {s: n for s, n in split},
             "tasks": rows["instance_id"].n_unique() if rows.height else 0,
+            "tasks_left_out": len(gone), "left_out": dg.MetadataValue.md(
+                "\n".join(f"- {task}: {why}" for task, why in sorted(gone.items())) or "(none)"),
             "batches_built": report.built, "batches_reused": report.reused, "token_counter": report.token_counter,
             "dropped": {k: v for k, v in report.dropped.items() if k.startswith(f"{kind}.") or "." not in k},
             **({"groups": report.groups} if kind == "actguide" else {}),  # mixed, rescued, zero_advantage
@@ -124,10 +134,15 @@ def splits_are_disjoint_by_task(settings: HandholdSettings) -> dg.AssetCheckResu
 
 
 def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
-    out = settings.layout().dataset_rows()
+    """The exported tables: the datasets' rows, the attempts of the tasks they draw on, and every task with
+    its re-validation record (`recheck_*` columns to filter on) and quarantine reason."""
+    out, layout, gone = settings.layout().dataset_rows(), settings.layout(), list(_left_out(settings))
     tables = {kind: read_dataset(out, kind) for kind in DATASET_KINDS}
-    tables["trajectories"] = _trajectories(settings)
-    tables["tasks"] = pl.from_arrow(settings.layout().tasks_table())
+    trajectories = _trajectories(settings)
+    tables["trajectories"] = trajectories.filter(~pl.col("instance_id").is_in(gone)) if trajectories.height \
+        else trajectories
+    tables["tasks"] = task_table(pl.from_arrow(layout.tasks_table()), read_rechecks(layout.rechecks()),
+                                 settings.resolved().quarantine.readmit)
     return tables
 
 
@@ -146,7 +161,9 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
                                      checks=manifest_checks(read_manifest(settings.layout().dataset_rows())),
-                                     costs=tuple(costs)),
+                                     costs=tuple(costs),
+                                     quarantine=tuple(quarantined(read_rechecks(settings.layout().rechecks()),
+                                                                  config.quarantine.readmit).values())),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []

@@ -16,6 +16,7 @@ from pipeline.synthesis.env_image import build_environment_image
 from pipeline.synthesis.packages import PackageError, fetch_source, package_lock, package_specs
 from pipeline.synthesis.synth import synthesize
 from pipeline.tasks.decontam import decontaminate
+from pipeline.tasks.flakiness import quarantine_markdown, quarantined, read_rechecks
 from pipeline.tasks.validate import check_tasks
 from sandbox.images import docker_client, ensure_base_image
 
@@ -109,10 +110,13 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
         context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
     stats = report.as_json()
     layout.synth_report().write_text(json.dumps(stats, indent=1))
+    validation = task_check(all_tasks, config.recheck_tasks, layout.rechecks(), context.run_id, config.quarantine)
+    held = quarantined(read_rechecks(layout.rechecks()), config.quarantine.readmit)
     return dg.MaterializeResult(metadata={
+        "quarantined": len(held), "quarantine": dg.MetadataValue.md(quarantine_markdown(held.values())),
         "path": str(path), "tasks": len(all_tasks), "dataset_tasks": len(checked), "dataset_rows_validated": validated,
         "rejected": len(rejects), "synth_seconds": stats["seconds"],
         "per_package": stats["per_package"], "per_kind": stats["per_kind"], "copies_removed": stats["removed"],
         "synth_seconds_per_task": stats["seconds_per_task"], "synth_tasks_per_hour": stats["tasks_per_hour"],
         "synth_breakdown": stats["breakdown"],
-    }, check_results=[task_check(all_tasks, config.recheck_tasks), answer_check(all_tasks, config.recheck_tasks)])
+    }, check_results=[validation, answer_check(all_tasks, config.recheck_tasks)])

@@ -5,6 +5,7 @@ import dagster as dg
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
+from assets.rollouts import attemptable, quarantine
 from pipeline.cascade import cascade_savings, guided_batch, savings_markdown
 from pipeline.costs import cost_markdown, cost_rows, cost_totals
 from pipeline.families import family_chart, family_markdown, family_rows, head_to_head, head_to_head_markdown
@@ -12,6 +13,7 @@ from pipeline.invariants import batch_invariants, reference_checks
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
 from pipeline.rescue import SearchStats, action_plans, failed_groups, make_teacher, recovery, teacher_plans
 from pipeline.store import write_rows
+from pipeline.tasks.flakiness import record_rechecks, rollout_records
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",
@@ -22,8 +24,8 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     """Guidance for each failed group: the teacher's hints (Agent-RLVR's three kinds, hindsight) and the minimal
     action prefix."""
     config, batch, layout = settings.resolved().guidance, settings.batch_name(context), settings.layout()
-    unguided = layout.read_trajectories("unguided", batch)
-    tasks = {t.instance_id: t for t in layout.read_tasks()}
+    unguided, held = layout.read_trajectories("unguided", batch), quarantine(settings)
+    tasks = attemptable(settings, held)  # a task this batch's own grades quarantined gets no guidance either
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
     plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
@@ -37,6 +39,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     return dg.MaterializeResult(metadata={
         **reference_checks(plans, probes, tasks),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
+        "quarantined_skipped": len(held.keys() & {t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
         "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics(),
     })
@@ -58,11 +61,14 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
                                     progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
     invariants = batch_invariants(guided, tasks)
+    graded = rollout_records(guided, invariants["regrade_mismatch_rows"], batch)  # quarantines from the next batch
+    record_rechecks(layout.rechecks(), batch, "guided_rollouts", graded)
     probes = layout.read_probes(batch)
     families = family_rows(plans, guided, cascade.ran if cascade else None)
     costs = cost_rows([*layout.read_trajectories("unguided", batch), *guided], config.costs, probes, plans)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "recovery": recovery(plans, guided),
+        "graded_inconsistently": [r.instance_id for r in graded],
         "families": dg.MetadataValue.md(family_markdown(families)),
         "families_chart": dg.MetadataValue.md(family_chart(families)),
         "head_to_head": dg.MetadataValue.md(head_to_head_markdown(head_to_head(families, costs))),

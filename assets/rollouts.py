@@ -1,6 +1,7 @@
 """Assets that run the policy: unguided rollouts (N attempts per task, graded by the tests)."""
 
 from itertools import zip_longest
+from typing import Mapping
 
 import dagster as dg
 import polars as pl
@@ -11,6 +12,8 @@ from assets.resources import Credentials, HandholdSettings, make_policy, retried
 from pipeline.invariants import batch_invariants
 from pipeline.records import Task
 from pipeline.rollouts import plan_jobs, run_batch
+from pipeline.tasks.flakiness import (QuarantinedTask, quarantine_markdown, quarantined, read_rechecks,
+                                       record_rechecks, rollout_records)
 
 
 def attempted_elsewhere(settings: HandholdSettings, policy: str, batch: str) -> set[str]:
@@ -22,12 +25,23 @@ def attempted_elsewhere(settings: HandholdSettings, policy: str, batch: str) -> 
     return set(seen.filter(pl.col("policy") == policy)["instance_id"].to_list())
 
 
+def quarantine(settings: HandholdSettings) -> dict[str, QuarantinedTask]:
+    """The tasks no batch attempts now (pipeline/tasks/flakiness.py), by instance id."""
+    return quarantined(read_rechecks(settings.layout().rechecks()), settings.resolved().quarantine.readmit)
+
+
+def attemptable(settings: HandholdSettings, held: Mapping[str, QuarantinedTask] | None = None) -> dict[str, Task]:
+    """The stored tasks a batch may attempt (or rescue), by instance id: those not quarantined (`held`)."""
+    held = quarantine(settings) if held is None else held
+    return {t.instance_id: t for t in settings.layout().read_tasks() if t.instance_id not in held}
+
+
 def rollout_tasks(settings: HandholdSettings, policy: str, batch: str) -> list[Task]:
-    """The batch's tasks: those `policy` has not attempted in another batch first (a nightly batch takes new
-    tasks), repositories interleaved, cut to `rollout_tasks`."""
+    """The batch's tasks: those not quarantined, those `policy` has not attempted in another batch first (a
+    nightly batch takes new tasks), repositories interleaved, cut to `rollout_tasks`."""
     done = attempted_elsewhere(settings, policy, batch)
     by_repo: dict[str, list[Task]] = {}
-    for task in settings.layout().read_tasks():
+    for task in attemptable(settings).values():
         by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
     tasks.sort(key=lambda t: t.instance_id in done)  # stable: the interleaved order kept within each part
@@ -42,14 +56,19 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
                       credentials: Credentials) -> dg.MaterializeResult:
     """N unguided attempts per task by the configured policy, each graded by the task's tests."""
     policy, config, batch = make_policy(settings, credentials), settings.resolved().rollout, settings.batch_name(context)
+    skipped = quarantine(settings)  # as the plan saw it: this batch's own records quarantine from the next one
     tasks = rollout_tasks(settings, policy.name, batch)
     jobs = plan_jobs(tasks, policy, config, batch)
     out = settings.layout().trajectories("unguided", batch)
     summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
     metrics = summary.metrics()
     invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks})
+    records = rollout_records(summary.trajectories, invariants["regrade_mismatch_rows"], batch)
+    record_rechecks(settings.layout().rechecks(), batch, "rollouts", records)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "policy": policy.name, "tasks": len(tasks),
+        "quarantined_skipped": len(skipped), "quarantine": dg.MetadataValue.md(quarantine_markdown(skipped.values())),
+        "graded_inconsistently": [r.instance_id for r in records],
         "attempts_per_task": config.attempts, **metrics, **invariants,
     }, check_results=rollout_checks("unguided_rollouts", out / "trajectories.parquet", batch, summary.trajectories,
                                     invariants, config.max_infra_error_rate))

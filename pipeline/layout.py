@@ -79,6 +79,12 @@ class Layout:
         """Where each task source's last validated tasks are kept (only new sources are validated)."""
         return self._at("tasks", "sources")
 
+    def rechecks(self) -> Path:
+        """The tasks' re-validation records, one file per run and source (pipeline/tasks/flakiness.py)."""
+        folder = self._at("tasks", "rechecks")
+        folder.mkdir(exist_ok=True)
+        return folder
+
     def read_dataset_tasks(self) -> list[Task]:
         """The public dataset rows task_sources read (not validated yet)."""
         return [Task.from_row(r) for r in read_records(self.dataset_tasks(), TASK_SCHEMA, produced_by="task_sources")]

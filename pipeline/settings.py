@@ -24,6 +24,7 @@ from pipeline.datasets.publish import PublishConfig
 from pipeline.rescue import GuidanceConfig
 from pipeline.rollouts import RolloutConfig
 from pipeline.synthesis.synth import SynthConfig
+from pipeline.tasks.flakiness import QuarantineConfig
 from sandbox.images import BaseImageConfig
 from training.config import TrainingConfig
 
@@ -59,6 +60,8 @@ class HandholdConfig:
     """Tasks the rollout stages run on, the first ones of `tasks`, repositories interleaved (0: all)."""
     recheck_tasks: int = 2
     """Stored tasks the blocking tasks_validate check re-validates in fresh sandboxes each run (0: none)."""
+    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    """How often the re-validated tasks are graded, and which quarantined tasks are taken back."""
     base_image: BaseImageConfig = field(default_factory=BaseImageConfig)
     """The sandbox base image every environment image is built on."""
     sources: SourcesConfig = field(default_factory=SourcesConfig)

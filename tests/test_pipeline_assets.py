@@ -18,6 +18,7 @@ from pipeline.cli import head_to_head_report, run_config
 from pipeline.datasets.splits import split_group, task_split
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Task
 from pipeline.store import read_records
+from pipeline.tasks.flakiness import read_rechecks
 from pipeline.vocab import GUIDANCE_KINDS
 from tests.test_datasets_build import check_rows_against_stored_attempts
 
@@ -51,6 +52,10 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     meta = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
             for e in result.get_asset_materialization_events()}
     assert meta["tasks"]["tasks"].value == 2
+    rechecks = read_rechecks(tmp_path / "data/tasks/rechecks")  # the tasks_validate sample, recorded: both sound
+    assert [(r.source, r.runs, r.disagreements, r.gold_resolved, r.empty_resolved) for r in rechecks] == \
+        [("tasks_validate", 2, 0, 2, False)] * 2
+    assert meta["tasks"]["quarantined"].value == 0 and meta["unguided_rollouts"]["quarantined_skipped"].value == 0
     assert meta["unguided_rollouts"]["attempts"].value == 4
     assert meta["unguided_rollouts"]["policy"].value == "heuristic"
     unguided = pl.read_parquet(tmp_path / "data/trajectories/unguided/test/trajectories.parquet")
@@ -90,6 +95,8 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     assert meta["actguide_dataset"]["rows"].value == groups["mixed"] + groups["rescued"]
     assert sum(groups.values()) == 2
     assert exported["trajectories"] == unguided.height + guided.height and exported["tasks"] == 2
+    card = (tmp_path / "data/datasets/hf/README.md").read_text()
+    assert "## Quarantined tasks" in card and "(no task is quarantined)" in card
     assert_no_test_task_in_train(tmp_path / "data", 0.0)
     assert meta["hub_publication"]["skipped"].value == "no publish.repo_id is set"
     assert check_rows_against_stored_attempts(tmp_path / "data") >= 1

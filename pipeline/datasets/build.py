@@ -79,11 +79,14 @@ Prepared = tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]
 
 
 def prepared(frame: pl.DataFrame, config: DatasetConfig, count: Counter, gold: dict[str, str] | None,
-             task_groups: Mapping[str, str] | None) -> Prepared:
-    """`build_rows`' first stage, mostly polars (it runs beside the Python checks of the previous run)."""
+             task_groups: Mapping[str, str] | None, left_out: Mapping[str, str] | None = None) -> Prepared:
+    """`build_rows`' first stage, mostly polars (it runs beside the Python checks of the previous run);
+    the attempts at `left_out` tasks (quarantined or too flaky) are dropped and counted."""
     if not config.include_probes:
         frame = frame.filter(~pl.col("batch").str.ends_with(PROBE_SUFFIX))
-    return prepare(frame, config, count, gold, task_groups)
+    gone = frame["instance_id"].is_in(list(left_out or ()))
+    t, heavy, dropped = prepare(frame.filter(~gone), config, count, gold, task_groups)
+    return t, heavy, dropped | ({"task_left_out": int(gone.sum())} if gone.any() else {})
 
 
 def rows_of(ready: Prepared, config: DatasetConfig, gold: dict[str, str] | None,
@@ -142,9 +145,11 @@ def _seen(out_dir: Path, batches: list[str]) -> dict[str, pl.DataFrame]:
 
 
 def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, config: DatasetConfig,
-                    gold: dict[str, str] | None = None, task_groups: Mapping[str, str] | None = None) -> BuildReport:
-    """Build the batches under `data_dir` whose rows are missing or stale into `out_dir`; reuse the rest."""
-    data_dir, out_dir = Path(data_dir), Path(out_dir)
+                    gold: dict[str, str] | None = None, task_groups: Mapping[str, str] | None = None,
+                    left_out: Mapping[str, str] | None = None) -> BuildReport:
+    """Build the batches under `data_dir` whose rows are missing or stale into `out_dir`; reuse the rest.
+    `left_out`: tasks no row may come from (`flakiness.left_out`), a change of those in a batch rebuilds it."""
+    data_dir, out_dir, left_out = Path(data_dir), Path(out_dir), dict(left_out or {})
     out_dir.mkdir(parents=True, exist_ok=True)
     count, counter_name = token_counter(config.tokenizer)
     manifest = read_manifest(out_dir)
@@ -158,12 +163,13 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
         files = layout.batch_files(name, config.include_probes)
         entry = old.get(name)
         if (not report.built and entry and entry["files"] == stamps(files, data_dir) and entry["before"] == names[:i]
-                and entry["gold"] == tasks_digest(gold, task_groups, entry["instance_ids"])):
+                and entry["gold"] == tasks_digest(gold, task_groups, entry["instance_ids"])
+                and entry.get("left_out", []) == sorted(set(left_out) & set(entry["instance_ids"]))):
             manifest["batches"][name] = entry
             report.reused.append(name)
             continue
         manifest["batches"][name] = _build_batch(data_dir, out_dir, name, names[:i], files, config, gold,
-                                                 task_groups, count)
+                                                 task_groups, count, left_out)
         report.built.append(name)
         write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
     for name in sorted(set(previous) - set(names)):
@@ -185,7 +191,7 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
 
 def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], files: list[Path],
                  config: DatasetConfig, gold: dict[str, str] | None, task_groups: Mapping[str, str] | None,
-                 count: Counter) -> dict:
+                 count: Counter, left_out: Mapping[str, str]) -> dict:
     """Build one batch's shards, a run of tasks at a time; its manifest entry. A file found bad only
     while streaming is left out by building the batch again without it (`skip_bad_files`), else raised."""
     inputs = stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
@@ -196,7 +202,7 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
         stream = TaskRuns(ids, runs)
 
         def ready(run: int) -> Prepared:
-            return prepared(stream.rows(run), config, count, gold, task_groups)
+            return prepared(stream.rows(run), config, count, gold, task_groups, left_out)
 
         try:
             parts = (rows_of(p, config, gold, seen) for p in _ahead(ready, len(runs)))
@@ -210,8 +216,9 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
     skipped.sort(key=lambda s: files.index(Path(s.path)))
     task_ids = sorted({i for run in runs for i in run})
     return {"files": inputs, "before": before, "instance_ids": task_ids,
-            "gold": tasks_digest(gold, task_groups, task_ids), "rows": rows, "dropped": dropped, "groups": groups,
-            "checks": checks, "skipped": [dataclasses.asdict(s) for s in skipped]}
+            "gold": tasks_digest(gold, task_groups, task_ids), "left_out": sorted(set(left_out) & set(task_ids)),
+            "rows": rows, "dropped": dropped, "groups": groups, "checks": checks,
+            "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 
 def _ahead(make: Callable[[int], T], n: int) -> Iterator[T]:

@@ -15,6 +15,7 @@ from huggingface_hub import DatasetCardData
 
 from pipeline.costs import costs_card_section
 from pipeline.pictures import draw_text, png
+from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
 
 HISTOGRAM_FILE = "k_star_histogram.png"
@@ -51,6 +52,8 @@ class CardInfo:
     to guidance dropped or rewritten, ungrounded left out or kept, hints holding gold lines."""
     costs: tuple[Mapping[str, object], ...] = ()
     """What the rows cost, per origin (pipeline/costs.py cost_rows, DPO pairs counted); empty: no section."""
+    quarantine: tuple[QuarantinedTask, ...] = ()
+    """The tasks set aside for unsound behaviour over time (pipeline/tasks/flakiness.py): no row comes from them."""
 
 
 def shard_path(config: str, split: str) -> str:
@@ -91,6 +94,7 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         _guidance_checks_section(card.checks, splits),
         costs_card_section(card.costs),
         _histogram_section(histogram),
+        _quarantine_section(card.quarantine),
         "## Sources\n\n" + _table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
         _loading_section(card.repo_id, list(rows)),
@@ -167,6 +171,12 @@ def contributions(splits: dict[str, dict[str, pa.Table]]) -> dict[str, dict[str,
         for source, n in frame.group_by(column).len().rows() if frame is not None else ():
             counts.setdefault(source, {})[config] = n
     return counts
+
+
+def _quarantine_section(entries: tuple[QuarantinedTask, ...]) -> str:
+    return ("## Quarantined tasks\n\nTasks whose gold patch stopped resolving, whose empty patch started passing, or "
+            "whose grades disagreed across runs when re-validated; no row comes from them (the `tasks` table keeps "
+            "each task's `recheck_runs` and `recheck_disagreements`).\n\n" + quarantine_markdown(entries))
 
 
 def _histogram_section(histogram: pl.DataFrame | None) -> str:

@@ -38,11 +38,16 @@ class DatasetConfig:
     keep_ungrounded: bool = False
     """Keep guided successes that edit a file no tool output had shown (they knew where from the hint alone)
     as chosen and SFT rows; they are counted per guidance kind either way."""
+    max_disagreement_rate: float = 1.0
+    """Tasks whose re-validations and rollout grades disagreed on more than this share of their graded runs
+    are left out (quarantined tasks always are); 1.0: no task for this reason."""
 
     def __post_init__(self) -> None:
         if self.pairs_per_task < 1:
             raise ValueError(f"DatasetConfig.pairs_per_task is {self.pairs_per_task}; it must be at least 1")
         if not 0.0 <= self.test_fraction <= 1.0:
             raise ValueError(f"DatasetConfig.test_fraction is {self.test_fraction}; it must lie in [0, 1]")
+        if not 0.0 <= self.max_disagreement_rate <= 1.0:
+            raise ValueError(f"DatasetConfig.max_disagreement_rate is {self.max_disagreement_rate}; it must lie in [0, 1]")
         if self.max_prompt_tokens < 0 or self.max_completion_tokens < 0:
             raise ValueError("DatasetConfig.max_prompt_tokens / max_completion_tokens must be >= 0 (0: no limit)")

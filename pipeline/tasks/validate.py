@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import docker.errors
 
 from pipeline.records import RejectedTask, Task
+from pipeline.tasks.flakiness import TaskRecheck, validation_record
 from pipeline.tasks.stage_clock import StageClock
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade_in
@@ -90,3 +91,26 @@ def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory =
         results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact),
                                 tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
+
+
+def recheck_task(task: Task, run_id: str, runs: int = 2, test_timeout: float = 300,
+                 sandboxes: SandboxFactory = task_sandbox) -> TaskRecheck | RejectedTask:
+    """Re-validate a stored task as validation did (`runs` gold grades and the empty patch's, one sandbox) and
+    record what each grade said; a sandbox that fails gives the reason instead (no verdict, no record)."""
+    try:
+        with sandboxes(task, None) as sandbox:
+            golds, empty = _grades(sandbox, task, test_timeout, runs, StageClock())
+    except (SandboxError, docker.errors.DockerException, OSError) as exc:
+        return RejectedTask(task.instance_id, "recheck", f"sandbox failed: {exc}")
+    infra = [g for g in [*golds, empty] if g.fault == "infra"]
+    if infra:
+        return RejectedTask(task.instance_id, "recheck", f"grading failed: {infra[0].reason}")
+    return validation_record(task.instance_id, run_id, [(g.resolved, g.report) for g in golds],
+                             (empty.resolved, empty.report))
+
+
+def recheck_tasks(tasks: list[Task], run_id: str, runs: int = 2, workers: int = 2,
+                  sandboxes: SandboxFactory = task_sandbox) -> list[TaskRecheck | RejectedTask]:
+    """`recheck_task` of each task in parallel, in order."""
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        return list(pool.map(lambda t: recheck_task(t, run_id, runs, sandboxes=sandboxes), tasks))

@@ -13,6 +13,8 @@ from unidiff import PatchSet
 from pipeline.records import Task
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandbox
+from sandbox.history import already_pruned_command, only_reachable_command, pruned_image
+from sandbox.images import docker_client
 from sandbox.local_sandbox import LocalSandbox
 
 SandboxFactory = Callable[[Task, SandboxSpec | None], ContextManager[Sandbox]]
@@ -24,14 +26,6 @@ GIT_ENV = ("GIT_AUTHOR_NAME=developer GIT_AUTHOR_EMAIL=developer@localhost "
            "GIT_AUTHOR_DATE=2000-01-01T00:00:00+0000 GIT_COMMITTER_NAME=developer "
            "GIT_COMMITTER_EMAIL=developer@localhost GIT_COMMITTER_DATE=2000-01-01T00:00:00+0000")
 IGNORED = "*.egg-info/\n__pycache__/\n*.pyc\n.pytest_cache/\n"
-# Everything git keeps besides the task's commit and its history: other branches and tags (a later release
-# holds the fix), stashes, reflogs, ORIG_HEAD and the like, and objects no ref reaches (a dangling commit).
-GIT_CLEANUP = (
-    "keep=$(git symbolic-ref -q HEAD || echo HEAD); "
-    "git for-each-ref --format='%(refname)' | grep -vxF \"$keep\" | while read -r ref; do git update-ref -d \"$ref\"; done; "
-    "rm -rf .git/logs .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/lost-found "
-    ".git/rr-cache .git/refs/original && git worktree prune && git reflog expire --expire=now --all "
-    "&& git gc -q --prune=now && git rev-parse HEAD")
 
 
 def prepare(sandbox: Sandbox, task: Task) -> str:
@@ -92,8 +86,12 @@ def _commit(sandbox: Sandbox, task: Task) -> str:
 
 def _only_reachable(sandbox: Sandbox, task: Task) -> None:
     """Drop every git ref, reflog, stash and object the task's commit does not reach (a repository the
-    image brought, such as a dataset's clone whose later commits hold the fix)."""
-    script = f"cd {shlex.quote(sandbox.workdir)} && if test -d .git; then {GIT_CLEANUP}; fi"
+    image brought, such as a dataset's clone whose later commits hold the fix); an image `pruned_image`
+    made has it done already, and the attempt only reads its marker."""
+    base = task.base_commit or "HEAD"
+    workdir = shlex.quote(sandbox.workdir)
+    script = (f"if test -d {workdir}/.git; then {already_pruned_command(sandbox.workdir, base)} || "
+              f"{{ {only_reachable_command(sandbox.workdir, base)}; }}; fi")
     result = sandbox.run(script, timeout=600)
     if result.exit_code != 0:
         raise SandboxError(f"task {task.instance_id}: removing git history the task's commit does not reach "
@@ -103,8 +101,12 @@ def _only_reachable(sandbox: Sandbox, task: Task) -> None:
 @contextlib.contextmanager
 def task_sandbox(task: Task, config: SandboxSpec | None = None) -> Iterator[DockerSandbox]:
     """A ready DockerSandbox for `task`, removed on exit whatever happens."""
-    with DockerSandbox(task.image, workdir=task.workdir, config=config,
+    image = task.image
+    if task.base_commit and not task.setup_patch:  # a repository the image brought: pruned once per image
+        image = pruned_image(docker_client(), task.image, task.workdir, task.base_commit)
+    with DockerSandbox(image, workdir=task.workdir, config=config,
                        base_commit=task.base_commit or None) as sandbox:
+        sandbox.environment = task.image
         prepare(sandbox, task)
         sandbox.run(f"cd {shlex.quote(task.workdir)}")
         yield sandbox
