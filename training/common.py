@@ -65,6 +65,35 @@ def load_model(path: str, precision: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, PRECISION_DTYPES[precision]))
 
 
+def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool) -> dict[str, Any]:
+    """The TrainingArguments both TRL stages (SFTConfig, DPOConfig: `config_class`) take alike from their settings:
+    schedule, batch, precision, seed, checkpointing, one log line a step, no saving or reporting on the way."""
+    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, and only when asked
+    names = {f.name for f in dataclasses.fields(config_class)}
+    checkpointing = ({"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing":
+                      True} if config.gradient_checkpointing else {})
+    return dict(
+        output_dir=str(out_dir / "trainer"), learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
+        per_device_train_batch_size=config.per_device_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
+        max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
+        seed=config.seed, **checkpointing, logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
+        include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+
+
+def lora_config(lora):
+    """PEFT's LoraConfig for the stage's `lora` settings, or None when LoRA is off (full fine-tuning)."""
+    if not lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    modules = lora.target_modules
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=modules[0] if modules == ("all-linear",) else list(modules),
+                      task_type="CAUSAL_LM")
+
+
 def fresh_run_dir(out_dir: str | Path) -> Path:
     """`out_dir`, emptied: a rerun never mixes its files with an earlier run's."""
     out = Path(out_dir)

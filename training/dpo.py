@@ -11,12 +11,11 @@ model, or the LoRA adapter), the tokenizer, the settings used and the metrics of
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
 from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
-                             fresh_run_dir, load_model, read_split)
+                             fresh_run_dir, load_model, lora_config, read_split, trainer_args)
 from training.config import DPOTrainingConfig
 
 KEPT_METRICS = ("loss", "rewards/margins", "rewards/accuracies", "rewards/chosen", "rewards/rejected",
@@ -33,27 +32,15 @@ def dpo_args(config: DPOTrainingConfig, out_dir: Path, use_cpu: bool):
     """TRL's DPOConfig for these settings (masking cuts turns itself, so TRL's max_length is None)."""
     from trl import DPOConfig
 
-    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, and only when asked
-    names = {f.name for f in dataclasses.fields(DPOConfig)}
-    checkpointing = ({"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": True}
-                     if config.gradient_checkpointing else {})
-    return DPOConfig(
-        output_dir=str(out_dir / "trainer"), beta=config.beta, loss_type=[config.loss_type],
-        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
-        per_device_train_batch_size=config.per_device_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
-        max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
-        precompute_ref_log_probs=config.precompute_ref_log_probs,
-        seed=config.seed, max_length=None, **checkpointing,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
-        include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+    return DPOConfig(**trainer_args(DPOConfig, config, out_dir, use_cpu), beta=config.beta,
+                     loss_type=[config.loss_type], precompute_ref_log_probs=config.precompute_ref_log_probs,
+                     max_length=None)
 
 
 def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | Path, out_dir: str | Path,
               report: Reporter | None = None) -> TrainResult:
     """Train on the folder's `dpo` train split; write the run folder `out_dir` (emptied first)."""
     import torch
-    from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
 
     from training.masking import AssistantOnlyDPOTrainer, TruncationPolicy
@@ -68,15 +55,9 @@ def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | 
                 metrics.add({"step": state.global_step, **{k: logs[k] for k in KEPT_METRICS if k in logs}})
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    peft_config = None
-    if config.lora.enabled:
-        modules = config.lora.target_modules
-        peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                                 target_modules=modules[0] if modules == ("all-linear",) else list(modules),
-                                 task_type="CAUSAL_LM")
     trainer = AssistantOnlyDPOTrainer(
         load_model(model_path, config.precision), args=dpo_args(config, out, not torch.cuda.is_available()),
-        processing_class=tokenizer, train_dataset=rows, peft_config=peft_config, callbacks=[Metrics()],
+        processing_class=tokenizer, train_dataset=rows, peft_config=lora_config(config.lora), callbacks=[Metrics()],
         truncation=TruncationPolicy(config.max_length, config.min_assistant_turns))
     kept = trainer.truncation_counts.get("train", {})
     if trainer.train_dataset.num_rows == 0:

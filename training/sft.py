@@ -14,13 +14,12 @@ settings used and the metrics of every step.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
-                             fresh_run_dir, load_model, read_split)
+                             fresh_run_dir, load_model, lora_config, read_split, trainer_args)
 from training.config import SFTTrainingConfig
 
 KEPT_METRICS = ("loss", "mean_token_accuracy", "entropy", "num_tokens", "learning_rate", "grad_norm", "epoch")
@@ -60,26 +59,14 @@ def sft_args(config: SFTTrainingConfig, out_dir: Path, use_cpu: bool):
     `assistant_only_loss` stays off: the `assistant_masks` column alone decides the labels."""
     from trl import SFTConfig
 
-    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, and only when asked
-    names = {f.name for f in dataclasses.fields(SFTConfig)}
-    checkpointing = ({"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": True}
-                     if config.gradient_checkpointing else {})
-    return SFTConfig(
-        output_dir=str(out_dir / "trainer"), learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
-        per_device_train_batch_size=config.per_device_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
-        max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
-        max_length=config.max_length, truncation_mode="keep_start", seed=config.seed, **checkpointing,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
-        include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+    return SFTConfig(**trainer_args(SFTConfig, config, out_dir, use_cpu), max_length=config.max_length,
+                     truncation_mode="keep_start")
 
 
 def train_sft(config: SFTTrainingConfig, model_path: str, dataset_folder: str | Path, out_dir: str | Path,
               report: Reporter | None = None) -> TrainResult:
     """Train on the folder's `sft` train split; write the run folder `out_dir` (emptied first)."""
     import torch
-    from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
     from trl import SFTTrainer
 
@@ -95,15 +82,9 @@ def train_sft(config: SFTTrainingConfig, model_path: str, dataset_folder: str | 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenized = tokenized_rows(rows, tokenizer)
     lengths = [len(ids) for ids in tokenized["input_ids"]]
-    peft_config = None
-    if config.lora.enabled:
-        modules = config.lora.target_modules
-        peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                                 target_modules=modules[0] if modules == ("all-linear",) else list(modules),
-                                 task_type="CAUSAL_LM")
     trainer = SFTTrainer(
         load_model(model_path, config.precision), args=sft_args(config, out, not torch.cuda.is_available()),
-        processing_class=tokenizer, train_dataset=tokenized, peft_config=peft_config, callbacks=[Metrics()])
+        processing_class=tokenizer, train_dataset=tokenized, peft_config=lora_config(config.lora), callbacks=[Metrics()])
     start = time.monotonic()
     output = trainer.train()
     seconds = time.monotonic() - start
