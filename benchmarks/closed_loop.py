@@ -1,6 +1,6 @@
 """The closed loop, measured: does a model trained on the pipeline's rows solve the tasks it trained on?
 
-    PYTHONPATH=. python benchmarks/closed_loop.py --steps 150 --learning-rate 5e-3 --rollouts 2 --out /tmp/closed-loop
+    PYTHONPATH=. python benchmarks/closed_loop.py --steps 110 --learning-rate 5e-3 --out /tmp/closed-loop
 
 Synthesizes toolz tasks (cached under --out), rolls the heuristic out --rollouts times per task with one seed,
 builds and exports the SFT rows of its successes, fine-tunes the tiny offline model on them (training/sft.py),
@@ -20,7 +20,8 @@ from pathlib import Path
 
 def tasks_and_rows(out: Path, rollouts: int):
     """The synthesized tasks (cached) and the export folder of the heuristic's successes: `rollouts` batches of
-    one attempt per task, all with the same seed (the same actions; observations differ where runs do)."""
+    one attempt per task, all with the same seed (the same actions and, the heuristic's test runs being steady,
+    the same observations)."""
     import docker
 
     from pipeline.agent.heuristic import HeuristicPolicy
@@ -64,9 +65,9 @@ def main() -> None:
     from training.tiny_model import build_tiny_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--rollouts", type=int, default=2, help="heuristic batches trained on (same seed)")
+    parser.add_argument("--steps", type=int, default=110)
+    parser.add_argument("--learning-rate", type=float, default=5e-3)
+    parser.add_argument("--rollouts", type=int, default=1, help="heuristic batches trained on (same seed)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/closed-loop"))
     parser.add_argument("--show", action="store_true", help="print the trained model's replies")
     args = parser.parse_args()

@@ -17,9 +17,10 @@ from pipeline.synthesis.synth import SynthConfig, synthesize
 TOOLZ = DEFAULT_PACKAGES[0]  # the package CI synthesizes from: small, fast suite
 # The files that take minutes, longest first. Run first, none is left running alone at the end of a parallel
 # run (the Makefile passes --no-loadscope-reorder, so pytest-xdist keeps this order).
-SLOW_FIRST = ("test_pipeline_assets.py", "test_celery.py", "test_guidance.py", "test_redteam.py",
-              "test_synth_kinds.py", "test_rollouts.py", "test_synth_and_grading.py", "test_answer_hidden.py",
-              "test_ui.py", "test_training.py", "test_package_sources.py", "test_automation.py")
+SLOW_FIRST = ("test_pipeline_assets.py", "test_celery.py", "test_guidance.py", "test_closed_loop.py",
+              "test_redteam.py", "test_synth_kinds.py", "test_rollouts.py", "test_synth_and_grading.py",
+              "test_answer_hidden.py", "test_ui.py", "test_training.py", "test_package_sources.py",
+              "test_automation.py")
 
 
 def pytest_collection_modifyitems(items):

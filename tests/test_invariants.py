@@ -38,6 +38,10 @@ def test_final_test_run_is_the_last_test_run_to_its_summary():
     piped = attempt("r", "", bash("1", "python -m pytest -q pkg/tests/test_a.py | tail -n 5",
                                   "exit code: 0\nE NameError\n1 failed, 1 passed in 0.10s"))
     assert final_test_run(piped, TASK) == ("python -m pytest -q pkg/tests/test_a.py | tail -n 5", False)
+    passing = bash("1", "python -m pytest -q | sed", "exit code: 0\n..\n2 passed\n")
+    assert final_test_run(attempt("r", "", passing), TASK) == ("python -m pytest -q | sed", True)
+    failing = bash("2", "python -m pytest -q | sed", "exit code: 1\nF.\n1 failed, 1 passed")
+    assert final_test_run(attempt("r", "", passing, failing), TASK) == ("python -m pytest -q | sed", False)
     assert final_test_run(attempt("r", "", bash("1", "ls", "exit code: 0\n")), TASK) is None
     unfinished = attempt("r", "", bash("1", "python -m pytest pkg/tests", "exit code: 0\ncollecting ..."))
     assert final_test_run(unfinished, TASK) is None

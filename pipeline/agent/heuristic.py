@@ -24,8 +24,17 @@ from pipeline.agent.policy import AssistantTurn, Usage
 from pipeline.agent.repairs import code_lines, line_repairs
 from pipeline.vocab import HINT_HEADER
 
-# pipefail: the tool reports pytest's exit code, not tail's (a failing run must not say "exit code: 0")
-SUITE = "(set -o pipefail; python -m pytest -x -q --tb=short -p no:cacheprovider 2>&1 | tail -n 80)"
+# The heuristic's test runs print nothing that changes from run to run (pytest's timing, object addresses, hash
+# order): two rollouts of one seed see the same bytes, so a model trained on its trajectories meets the observations
+# it was trained on when it repeats the actions. pipefail: the tool reports pytest's exit code, not the filters'.
+STEADY = r"sed -E 's/^([0-9]+ [a-z].*) in [0-9.]+s( \([0-9:]+\))?$/\1/; s/0x[0-9a-f]{6,}/0x?/g'"
+
+
+def pytest_command(args: str, lines: int) -> str:
+    return f"(set -o pipefail; PYTHONHASHSEED=0 python -m pytest {args} -p no:cacheprovider 2>&1 | {STEADY} | tail -n {lines})"
+
+
+SUITE = pytest_command("-x -q --tb=short", 80)
 TOOL_WORDS = {"bash", "edit", "view", "view_range", "create", "str_replace", "insert", "submit", "old_str"}
 @dataclass(frozen=True)
 class HeuristicConfig:
@@ -120,7 +129,7 @@ def program(prompt: str, rng: random.Random, cfg: HeuristicConfig) -> Generator[
                                         "new_str": new}, "Try a one-line repair near the failure.")
             if "rror" in out.split("\n", 1)[0]:
                 continue
-            out = yield bash(f"(set -o pipefail; python -m pytest -q -p no:cacheprovider '{test}' 2>&1 | tail -n 5)",
+            out = yield bash(pytest_command(f"-q '{test}'", 5),
                              "Re-run the failing test.")
             if _passed(out):
                 out = yield bash(SUITE, "The test passes; run the whole suite.")

@@ -1,0 +1,75 @@
+"""The loop closes: the tiny model, fine-tuned on the SFT rows of the heuristic's successes on synthesized toolz
+tasks, run as the local HF policy (greedy, unguided, native tool calls) in Docker sandboxes and graded by the
+real grader, resolves the tasks it trained on; the starting model does not. A mismatch anywhere between the
+rows and the policy (chat template, tool-call format, masking, tokenizer, decoding, end of turn) fails it.
+
+Measured on the 2-core machine (benchmarks/closed_loop.py): the heuristic resolves one of the three synthesized
+tasks, a 4.4k-token trajectory of 10 turns. On one row, teacher-forced token accuracy at a constant learning rate
+reaches 1.0 near step 96 at 3e-3 and between steps 73 and 88 at 5e-3; 1e-2 and 3e-2 learn slower (0.76 and 0.39
+at steps 60 and 40). The model memorizes the observations' bytes too, so greedy decoding strays at the first one
+that differs from its row's: the heuristic's test runs therefore print nothing that changes from run to run
+(pytest's timing, object addresses; pipeline/agent/heuristic.py), and its rollouts of one seed are identical
+byte for byte. Trained on one such rollout for 110 steps (144 s on a loaded machine), the checkpoint resolves the
+task. A step is 1.2 s on an idle machine (0.6 s of it the model's forward and backward), 3-6 s on a loaded one.
+DPO is not closed here: the heuristic resolves the task in every unguided attempt, so it has no rejected side, and
+a preference loss from a random model does not reach greedy reproduction of a whole trajectory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from pipeline.agent.factory import PolicySpec, make_policy
+from pipeline.agent.heuristic import STEADY, HeuristicPolicy
+from pipeline.agent.loop import AgentConfig
+from pipeline.datasets import DatasetConfig, build_rows
+from pipeline.datasets.card import CardInfo
+from pipeline.datasets.export import export_dataset
+from pipeline.evaluation import evaluate
+from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from training.config import SFTTrainingConfig
+from training.sft import train_sft
+from training.tiny_model import build_tiny_model
+
+STEPS, LEARNING_RATE = 110, 5e-3  # one row a step: token accuracy first 1.0 between steps 73 and 88; a margin
+ROLLOUT = RolloutConfig(attempts=1, workers=2, agent=AgentConfig(max_steps=30))
+
+
+def test_the_heuristic_test_runs_print_nothing_that_changes_from_run_to_run():
+    output = ("F.\n___ test_compose ___\n    assert compose(f) is <function f at 0x7f3a12bc9d30>\n"
+              "FAILED toolz/tests/test_functoolz.py::test_compose - AssertionError\n"
+              "1 failed, 41 passed in 0.74s\n3 passed in 65.12s (0:01:05)\n")
+    steady = subprocess.run(["bash", "-c", f"(set -o pipefail; printf %s \"$OUT\"; exit 1) | {STEADY}"],
+                            env={"OUT": output, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert steady.stdout == ("F.\n___ test_compose ___\n    assert compose(f) is <function f at 0x?>\n"
+                             "FAILED toolz/tests/test_functoolz.py::test_compose - AssertionError\n"
+                             "1 failed, 41 passed\n3 passed\n")
+
+
+@pytest.mark.timeout(1800)  # ~4 min alone; the suite's 900 s guard is too tight beside the other slow files
+def test_the_trained_tiny_model_resolves_the_tasks_it_trained_on_and_the_starting_model_does_not(synth_run,
+                                                                                                   tmp_path):
+    tasks = synth_run[0]
+    heuristic = HeuristicPolicy()
+    attempts = run_batch(plan_jobs(tasks, heuristic, ROLLOUT, "heuristic"), heuristic, ROLLOUT,
+                         tmp_path / "heuristic", "heuristic").trajectories
+    rows = build_rows(attempts, DatasetConfig(test_fraction=0.0)).sft
+    assert rows.height >= 1, "the heuristic resolved none of the synthesized tasks: nothing to train on"
+    export_dataset(tmp_path / "hf", {"sft": rows}, CardInfo("closed-loop", run_id="heuristic"))
+    trained_on = [t for t in tasks if t.instance_id in set(rows["instance_id"])]
+    tiny = str(build_tiny_model(tmp_path / "tiny"))
+    config = SFTTrainingConfig(learning_rate=LEARNING_RATE, lr_scheduler="constant", warmup=0,
+                               per_device_batch_size=1, gradient_accumulation_steps=1, max_steps=STEPS,
+                               max_length=16384)
+    result = train_sft(config, tiny, tmp_path / "hf", tmp_path / "sft")
+    learnt = result.summary["final_token_accuracy"]  # teacher-forced: below 1.0 greedy decoding strays
+    scores = {}
+    for label, path in (("starting", tiny), ("sft", str(result.checkpoint))):
+        policy = make_policy(PolicySpec(kind="hf", model=path, temperature=0.0, max_tokens=512))
+        scores[label] = evaluate(label, policy, trained_on, ROLLOUT, tmp_path / f"eval-{label}", "closed-loop",
+                                 progress=lambda _: None)
+    assert scores["starting"]["resolved"] == 0
+    assert scores["sft"]["resolved"] == len(trained_on) and scores["sft"]["infra_errors"] == 0, (
+        f"trained {result.summary['steps']} steps to token accuracy {learnt}: {scores['sft']}")
