@@ -17,7 +17,7 @@ from pipeline.synthesis.discover import PYTEST, discover
 from pipeline.synthesis.mutations import BugCandidate
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
 from pipeline.synthesis.packages import test_command as command_of
-from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, try_candidate
+from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, narrowed_task, try_candidate
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_task
 from pipeline.verifier.environment import LocalTaskSandboxes
 from sandbox.local_sandbox import LocalSandbox
@@ -181,6 +181,7 @@ def flaky_repo(path: Path, counter: Path) -> Path:
 
 SPEC = PackageSpec("calc", "1", ("tests",), ("calc.py",), (PYTEST,), (), build_requirements=(),
                    test_command=f"{sys.executable} -m pytest -rA -p no:cacheprovider tests")
+WHOLE = dataclasses.replace(SPEC, test_command="", pytest_args=())  # the test command made from test_paths
 
 
 def test_a_test_that_passes_on_some_runs_is_never_pass_to_pass(tmp_path):
@@ -244,6 +245,29 @@ def test_gold_patch_must_resolve_on_every_run(tmp_path):
     stable = check_task(dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add",)),
                         sandboxes=sandboxes, runs=3)
     assert isinstance(stable, Task)
+
+
+def test_repeat_gold_grades_run_only_the_files_the_bug_reaches_and_still_catch_a_flaky_fix(tmp_path):
+    """A synthesized task's second and third gold grades run the test files its bug ran (`narrowed_task`); the
+    first gold grade and the empty patch's run the whole suite."""
+    repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
+    ran = tmp_path / "other-ran"
+    tree(repo, {"tests/test_other.py": f"def test_other():\n    with open({str(ran)!r}, 'a') as f:\n"
+                                       "        f.write('x')\n"})
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "other"], cwd=repo, check=True)
+    task = dataclasses.replace(calc_task(repo, "tests/test_calc.py::test_add"), test_cmd=command_of(WHOLE),
+                               PASS_TO_PASS=("tests/test_calc.py::test_double", "tests/test_other.py::test_other"))
+    repeat = narrowed_task(task, WHOLE, ("tests/test_calc.py",))
+    assert repeat.PASS_TO_PASS == ("tests/test_calc.py::test_double",) and repeat.test_cmd.endswith("tests/test_calc.py")
+    assert narrowed_task(task, WHOLE, None) is None and narrowed_task(task, SPEC, ("tests/test_calc.py",)) is None
+    sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
+    checked = check_task(task, sandboxes=sandboxes, runs=3, exact=True, repeat=repeat)
+    assert isinstance(checked, Task) and checked.PASS_TO_PASS == task.PASS_TO_PASS  # the stored task is whole
+    assert ran.read_text() == "xx"  # the first gold grade and the empty patch's: the other file twice, not four times
+    flaky = dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add", "tests/test_calc.py::test_flaky"))
+    rejected = check_task(flaky, sandboxes=sandboxes, runs=3, repeat=narrowed_task(flaky, WHOLE, ("tests/test_calc.py",)))
+    assert not isinstance(rejected, Task) and rejected.reason.startswith(f"{FLAKY} the gold patch resolves it on")
 
 
 def test_the_empty_patch_must_fail_exactly_fail_to_pass_when_exact(tmp_path):

@@ -14,10 +14,11 @@ from sandbox.base import Sandbox
 
 def try_candidate(sandbox: Sandbox, spec: PackageSpec, cand: BugCandidate, base: Baseline,
                   config: SynthConfig, report: SynthReport, expect: list[str] | None = None
-                  ) -> tuple[list[str], str] | None:
-    """(FAIL_TO_PASS, log) when the bug breaks the same tests on each of `validation_runs - 1` runs (at least
-    one); the verifier's grade of the empty patch is the last run with the bug, of the whole suite, held to
-    the same failures (check_tasks(exact=True)). The file is restored after."""
+                  ) -> tuple[list[str], str, tuple[str, ...] | None] | None:
+    """(FAIL_TO_PASS, log, test files run: None for the whole suite) when the bug breaks the same tests on each
+    of `validation_runs - 1` runs (at least one); the verifier's grade of the empty patch is the last run with
+    the bug, of the whole suite, held to the same failures (check_tasks(exact=True)). The file is restored
+    after."""
     files = base.callmap.test_files(cand) if base.callmap else None
     if files == ():
         report.count(spec.key, cand.kind, "run_by_no_test")
@@ -49,7 +50,7 @@ def try_candidate(sandbox: Sandbox, spec: PackageSpec, cand: BugCandidate, base:
             report.count(spec.key, cand.kind, "weak_tests")
             return None
         report.count(spec.key, cand.kind, "stable")
-        return f2p, text
+        return f2p, text, files
     finally:
         with report.clock.stage("restore"):
             sandbox.write_file(path, cand.original_source)

@@ -9,9 +9,10 @@ and timed (pipeline/tasks/stage_clock.py), every package that yields nothing say
 the suite from the bytecode the environment image holds (env_image.compile_tree); one traced run of the
 pristine suite maps each function to the tests that run it (callmap.py), so a bug runs only the test files
 that can see it, and one that no test runs costs no run; the weak-test probe runs the files of the
-FAIL_TO_PASS tests; the verifier's grades run the whole suite. Besides AST mutations: rewrites by the teacher LLM (`rewrite`)
-and bugs of one module combined (`combine`); every kept task carries a difficulty record in its
-provenance, summarised in the report.
+FAIL_TO_PASS tests; the verifier's first gold grade and the empty patch's run the whole suite, its repeat gold
+grades the bug's test files (`narrowed_task`). Besides AST mutations: rewrites by the teacher LLM (`rewrite`) and
+bugs of one module combined (`combine`); every kept task carries a difficulty record in its provenance,
+summarised in the report.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fet
 from pipeline.synthesis.patches import bug_patch, gold_patch
 from pipeline.synthesis.rewrite import rewrite_candidates
 from pipeline.synthesis.statements import failure_messages_from_log
-from pipeline.synthesis.suite import LOG_PARSER, Baseline, baseline, runnable
+from pipeline.synthesis.suite import LOG_PARSER, Baseline, baseline, runnable, with_test_files
 from pipeline.synthesis.synth_config import SynthConfig, SynthReport
 from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
@@ -77,8 +78,9 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
 
 def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: SynthConfig,
                        report: SynthReport, client: docker.DockerClient, writer: Policy | None = None,
-                       rewriter: Policy | None = None) -> list[Task]:
-    """Candidate tasks of one package, in its environment image (not yet checked by the verifier)."""
+                       rewriter: Policy | None = None) -> list[tuple[Task, Task | None]]:
+    """Candidate tasks of one package, in its environment image (not yet checked by the verifier), each with
+    its gold patch's repeat grade (`narrowed_task`)."""
     with report.clock.stage("candidates"):
         root = fetch_source(spec, cache)
         candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
@@ -115,7 +117,7 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
         with report.clock.stage("sandbox_close", len(sandboxes)):
             for sb in sandboxes:
                 sb.close()
-    return [task for task, _ in kept]
+    return [(task, narrowed) for task, _, narrowed in kept]
 
 
 def _rewrites(spec, root, config, report, rewriter) -> list[BugCandidate]:
@@ -136,10 +138,11 @@ def _rewrites(spec, root, config, report, rewriter) -> list[BugCandidate]:
     return made
 
 
-def _combined(spec, image, kept, base, sandboxes, config, report, writer) -> list[tuple[Task, BugCandidate]]:
+def _combined(spec, image, kept, base, sandboxes, config, report, writer
+              ) -> list[tuple[Task, BugCandidate, Task | None]]:
     """Up to `combine` tasks each merging 2-3 kept bugs of one module, validated as a whole."""
-    f2p = {cand.candidate_id: task.FAIL_TO_PASS for task, cand in kept}
-    groups = combined.combinations_to_try([cand for _, cand in kept], config.seed)
+    f2p = {cand.candidate_id: task.FAIL_TO_PASS for task, cand, _ in kept}
+    groups = combined.combinations_to_try([cand for _, cand, _ in kept], config.seed)
     report.count(spec.key, combined.KIND, "generated", len(groups))
     report.count(spec.key, combined.KIND, "compiled", len(groups))
     parts = {cand.candidate_id: group for cand, group in groups}
@@ -149,9 +152,11 @@ def _combined(spec, image, kept, base, sandboxes, config, report, writer) -> lis
 
 
 def _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer, want: int,
-                         parts: dict | None = None, expect: dict | None = None) -> list[tuple[Task, BugCandidate]]:
-    """Try candidates on the sandboxes in parallel until `want` are kept, in candidate order."""
-    kept: list[tuple[int, Task, BugCandidate]] = []
+                         parts: dict | None = None, expect: dict | None = None
+                         ) -> list[tuple[Task, BugCandidate, Task | None]]:
+    """Try candidates on the sandboxes in parallel until `want` are kept, in candidate order; each with its
+    `narrowed_task`."""
+    kept: list[tuple[int, Task, BugCandidate, Task | None]] = []
     pending = list(enumerate(candidates))
     lock = threading.Lock()
 
@@ -169,12 +174,23 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
                                  parts=(parts or {}).get(cand.candidate_id, []))
                 with lock:
                     if len(kept) < want:
-                        kept.append((i, task, cand))
+                        kept.append((i, task, cand, narrowed_task(task, spec, found[2])))
 
     with report.clock.parallel(len(sandboxes)), ThreadPoolExecutor(len(sandboxes)) as pool:
         for future in [pool.submit(worker, sb) for sb in sandboxes]:
             future.result()
-    return [(task, cand) for _, task, cand in sorted(kept, key=lambda k: k[0])]
+    return [(task, cand, narrowed) for _, task, cand, narrowed in sorted(kept, key=lambda k: k[0])]
+
+
+def narrowed_task(task: Task, spec: PackageSpec, files: tuple[str, ...] | None) -> Task | None:
+    """The task cut to the test files its bug ran (the call map's): what the verifier's repeat grades of the
+    gold patch run. The first gold grade and the empty patch's run the whole suite; the tests outside these
+    files never see the bug or its fix, and the baseline's runs already held them to passing every time.
+    None when the bug ran the whole suite."""
+    if files is None or spec.test_command:
+        return None
+    return dataclasses.replace(task, test_cmd=test_command(with_test_files(spec, files)),
+                               PASS_TO_PASS=tuple(t for t in task.PASS_TO_PASS if t.split("::")[0] in files))
 
 
 def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None,
@@ -246,8 +262,9 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
     log.info("%s: synthesizing tasks in %s", spec.key, image)
     candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
     begun = time.monotonic()
-    kept, rejects = check_tasks(candidates, workers=config.workers, runs=config.validation_runs, clock=report.clock,
-                                exact=True)
+    kept, rejects = check_tasks([task for task, _ in candidates], workers=config.workers, runs=config.validation_runs,
+                                clock=report.clock, exact=True,
+                                repeats={task.instance_id: narrowed for task, narrowed in candidates if narrowed})
     report.note(spec.key, "verify_seconds", round(time.monotonic() - begun, 1))
     kept = _parts_kept(spec, kept, report)
     report.rejects += rejects

@@ -24,11 +24,13 @@ FLAKY_BUG = "flaky with the bug:"
 
 
 def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory = task_sandbox,
-               runs: int = 1, clock: StageClock | None = None, exact: bool = False) -> Task | RejectedTask:
+               runs: int = 1, clock: StageClock | None = None, exact: bool = False,
+               repeat: Task | None = None) -> Task | RejectedTask:
     """The task with its base_commit filled in, or the reason it is set aside: the gold patch must resolve
     it on every one of `runs` grades, the empty patch must not; `exact`: the empty patch's grade must fail
     every FAIL_TO_PASS test and pass every PASS_TO_PASS one (a synthesized bug's last run with the bug);
-    `clock` is told where the time went.
+    `repeat`: the task the gold grades after the first run (a synthesized task cut to the test files its bug
+    can reach, `synth.narrowed_task`; None: the whole task each time); `clock` is told where the time went.
 
     All grades run in one sandbox: each puts the tree back to what `prepare` left before it applies its
     patch (exact, and tens of milliseconds; a fresh container is about 700 ms).
@@ -38,7 +40,7 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
         with sandboxes(task, None) as sandbox:
             clock.add("verify_setup", time.monotonic() - start)
             head = sandbox.base_commit or ""
-            golds, empty = _grades(sandbox, task, test_timeout, runs, clock)
+            golds, empty = _grades(sandbox, task, test_timeout, runs, clock, repeat)
             start = time.monotonic()
         clock.add("sandbox_close", time.monotonic() - start)
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
@@ -60,13 +62,15 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
     return dataclasses.replace(task, base_commit=head)
 
 
-def _grades(sandbox: Sandbox, task: Task, test_timeout: float, runs: int, clock: StageClock
-            ) -> tuple[list[Grade], Grade]:
-    """`runs` grades of the gold patch, then the empty patch's (each grade puts the tree back first)."""
+def _grades(sandbox: Sandbox, task: Task, test_timeout: float, runs: int, clock: StageClock,
+            repeat: Task | None = None) -> tuple[list[Grade], Grade]:
+    """`runs` grades of the gold patch (of `repeat` after the first, when given), then the empty patch's (each
+    grade puts the tree back first)."""
     golds = []
     for i in range(max(runs, 1)):
         with clock.stage("gold_grades"):
-            golds.append(grade_in(sandbox, task, task.patch, test_timeout, fresh=i == 0))
+            golds.append(grade_in(sandbox, task if i == 0 or repeat is None else repeat, task.patch, test_timeout,
+                                  fresh=i == 0))
     with clock.stage("empty_grade"):
         return golds, grade_in(sandbox, task, "", test_timeout)
 
@@ -84,12 +88,14 @@ def _failures(g: Grade) -> str:
 
 
 def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1,
-                clock: StageClock | None = None, exact: bool = False) -> tuple[list[Task], list[RejectedTask]]:
-    """Check tasks in parallel (`runs` gold grades each; `exact`: see check_task); keep order."""
-    clock = clock or StageClock()
+                clock: StageClock | None = None, exact: bool = False, repeats: dict[str, Task] | None = None
+                ) -> tuple[list[Task], list[RejectedTask]]:
+    """Check tasks in parallel (`runs` gold grades each; `exact`, `repeats` by instance id: see check_task);
+    keep order."""
+    clock, repeats = clock or StageClock(), repeats or {}
     with clock.parallel(workers), ThreadPoolExecutor(max(workers, 1)) as pool:
-        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact),
-                                tasks))
+        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact,
+                                                     repeat=repeats.get(t.instance_id)), tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
 
 
