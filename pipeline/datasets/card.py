@@ -5,8 +5,10 @@ histogram, the sources with their licences, and how to load it."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import polars as pl
@@ -17,6 +19,9 @@ from pipeline.costs import costs_card_section
 from pipeline.pictures import draw_text, png
 from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
+
+if TYPE_CHECKING:
+    from pipeline.datasets.release import Release
 
 HISTOGRAM_FILE = "k_star_histogram.png"
 RATE_COLUMNS = ("guidance_kind", "resolved", "instance_id", "infra_error")  # of the trajectories table
@@ -290,3 +295,44 @@ def _loading_section(repo_id: str, configs: list[str]) -> str:
     lines = [f'{c} = load_dataset("{repo}", "{c}")' for c in configs]
     return ("## Loading\n\n```python\nfrom datasets import load_dataset\n\n" + "\n".join(lines) + "\n```\n\n"
             "A local copy of this folder loads the same way: `load_dataset(\"path/to/folder\", \"dpo\")`.")
+
+
+def release_section(release: Release, repo_id: str = "") -> str:
+    """What changed since the previous release, what made this one, and how to load it by its tag."""
+    after = f"since release `{release.previous}`" if release.previous else "(the first release: every row is new)"
+    lines = [f"## Release `{release.name}`",
+             f"Built from batch `{release.batch}` by code {release.code_version or 'unknown'}, settings sha256 "
+             f"`{release.settings_sha256 or 'unknown'}`; rows sha256 `{release.content_sha256}`.",
+             f"Rows added and removed {after}, by content:",
+             _table(["config", "split", "rows", "added", "removed"],
+                    [[c.config, c.split, c.rows, c.added, c.removed] for c in release.changes]),
+             f"Tasks added: {_names(release.tasks_added)}.",
+             f"Tasks quarantined {'since the previous release' if release.previous else 'now'}: "
+             f"{_names(release.newly_quarantined)}; quarantined in all: {len(release.quarantined)}."]
+    if release.families:
+        lines.append(_table(["chosen from (guidance family)", "dpo pairs", "sft rows"],
+                            [[k, v.get("dpo", 0), v.get("sft", 0)] for k, v in sorted(release.families.items())]))
+    numbers = {k: v for k, v in release.evaluation.items() if k != "batch"}
+    lines.append(_table(["evaluation (batch " + str(release.evaluation.get("batch", "?")) + ")", "value"],
+                        [[k, v] for k, v in sorted(numbers.items())]) if numbers
+                 else "Evaluation: none had run when this release was made.")
+    lines.append(f'Load this release unchanged by later ones: `load_dataset("{repo_id or "<owner>/<name>"}", "dpo", '
+                 f'revision="{release.name}")`.')
+    return "\n\n".join(lines)
+
+
+def _names(tasks: tuple[str, ...], shown: int = 20) -> str:
+    if not tasks:
+        return "none"
+    more = f" and {len(tasks) - shown} more" if len(tasks) > shown else ""
+    return f"{len(tasks)} (" + ", ".join(f"`{t}`" for t in tasks[:shown]) + more + ")"
+
+
+def add_release_section(readme: Path, release: Release) -> None:
+    """Put the release section into a written card, before its `## Rows`."""
+    text = readme.read_text()
+    repo = re.search(r'load_dataset\("([^"<]+/[^"]+)", "', text)
+    if "\n## Rows\n" not in text:
+        raise ValueError(f"{readme} has no '## Rows' section: it is not a card export_dataset wrote; export again")
+    head, rest = text.split("\n## Rows\n", 1)
+    readme.write_text(f"{head}\n{release_section(release, repo.group(1) if repo else '')}\n\n## Rows\n{rest}")

@@ -1,0 +1,243 @@
+"""Releases of the exported dataset: each night's export, when its rows differ from the last release's, is
+kept as a folder named by its batch (`<releases>/<name>/`, loadable with `load_dataset(folder, config)`)
+and published under a Hub tag of the same name, so any release still loads as it was.
+
+A release's `release.json` names it, the release before it, a digest of its rows, and what made it (code
+version, settings digest); its card says what changed since the previous release: rows added and removed
+per config and split, tasks added or quarantined, guidance families, the evaluation's numbers where known.
+
+Rows are compared by content: each row's digest is the SHA-256 of its JSON, so a row rewritten identically
+is the same row, and an export whose rows all equal the last release's is no new release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pyarrow.parquet as pq
+
+from pipeline.datasets.card import add_release_section
+
+log = logging.getLogger(__name__)
+
+RELEASE_FILE = "release.json"
+INDEX = "releases.jsonl"  # under the releases folder: one line per release, oldest first
+NAME = re.compile(r"^[\w][\w.\-]*$")  # a folder name and a Hub tag name
+SHARD = re.compile(r"^data/(\w+)/(\w+)-\d+-of-\d+\.parquet$")
+
+
+@dataclass(frozen=True)
+class RowChange:
+    """How a config's split changed since the previous release."""
+
+    config: str
+    split: str
+    rows: int
+    added: int
+    removed: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release as its `release.json` records it."""
+
+    name: str
+    """The tag on the Hub and the folder's name: the batch the rows were built from."""
+    batch: str
+    content_sha256: str
+    """Of the rows (each config's and split's row digests, sorted): equal for equal rows."""
+    previous: str = ""
+    """The release before this one; '' for the first."""
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)
+    """config -> split -> rows."""
+    changes: tuple[RowChange, ...] = ()
+    tasks_added: tuple[str, ...] = ()
+    quarantined: tuple[str, ...] = ()
+    """Every task quarantined when it was made."""
+    newly_quarantined: tuple[str, ...] = ()
+    families: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Chosen attempt's origin ('unguided', 'guided:<kind>') -> config (dpo, sft) -> rows."""
+    evaluation: dict[str, object] = field(default_factory=dict)
+    """The latest evaluation's numbers ('batch', 'pass@1/<model>'); empty when none had run."""
+    code_version: str = ""
+    settings_sha256: str = ""
+    created: str = ""
+
+    @classmethod
+    def read(cls, folder: Path) -> Release:
+        raw = json.loads((Path(folder) / RELEASE_FILE).read_text())
+        raw["changes"] = tuple(RowChange(**c) for c in raw.get("changes", ()))
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What made a release, besides its rows."""
+
+    batch: str
+    quarantined: tuple[str, ...] = ()
+    evaluation: Mapping[str, object] = field(default_factory=dict)
+    code_version: str = ""
+    settings_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    release: Release
+    folder: Path
+    """The release's own folder under the releases folder."""
+    new: bool
+    """False: the export's rows equal the last release's, and that release stands."""
+
+    def describe(self) -> str:
+        if self.new:
+            return f"release {self.release.name} at {self.folder} (after {self.release.previous or 'none'})"
+        return f"rows identical to release {self.release.name}: no new release ({self.folder})"
+
+
+def row_digests(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """config -> split -> the sorted digests of its rows, read from the folder's Parquet shards."""
+    digests: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(Path(folder).glob("data/*/*.parquet")):
+        match = SHARD.match(path.relative_to(folder).as_posix())
+        if match is None:
+            raise ValueError(f"{path} is not a shard an export writes (data/<config>/<split>-00000-of-00001.parquet); "
+                             "remove it from the folder")
+        rows = pq.read_table(path).to_pylist()
+        found = digests.setdefault(match.group(1), {}).setdefault(match.group(2), [])
+        found += [hashlib.sha256(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest() for r in rows]
+    return {c: {s: sorted(d) for s, d in by_split.items()} for c, by_split in digests.items()}
+
+
+def content_sha256(digests: Mapping[str, Mapping[str, list[str]]]) -> str:
+    text = json.dumps({c: dict(by_split) for c, by_split in sorted(digests.items())}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def row_changes(before: Mapping[str, Mapping[str, list[str]]], after: Mapping[str, Mapping[str, list[str]]]
+                ) -> tuple[RowChange, ...]:
+    """Per config and split of either: rows now, rows added, rows removed (by row digest)."""
+    keys = sorted({(c, s) for d in (before, after) for c, by_split in d.items() for s in by_split})
+    changes = []
+    for config, split in keys:
+        old, new = set(before.get(config, {}).get(split, ())), after.get(config, {}).get(split, [])
+        changes.append(RowChange(config, split, len(new), len(set(new) - old), len(old - set(new))))
+    return tuple(changes)
+
+
+def releases(root: Path) -> list[Release]:
+    """The releases under `root`, oldest first."""
+    index = Path(root) / INDEX
+    names = [json.loads(line)["name"] for line in index.read_text().splitlines() if line.strip()] \
+        if index.exists() else []
+    return [Release.read(Path(root) / name) for name in names]
+
+
+def cut_release(export: Path, root: Path, provenance: Provenance, families: Mapping[str, Mapping[str, int]]
+                ) -> ReleaseResult:
+    """Make the export folder a release: a new one under `root` when its rows differ from the last release's
+    (its card then says what changed), else the export folder becomes the last release's copy again."""
+    export, root = Path(export), Path(root)
+    if not NAME.match(provenance.batch):
+        raise ValueError(f"batch {provenance.batch!r} cannot name a release (a folder and a Hub tag): use letters, "
+                         "digits, '.', '-' and '_'")
+    digests = row_digests(export)
+    content, known = content_sha256(digests), releases(root)
+    last = known[-1] if known else None
+    if last is not None and last.content_sha256 == content:
+        _copy_into_place(root / last.name, export)
+        log.info("the export's rows are identical to release %s: no new release", last.name)
+        return ReleaseResult(last, root / last.name, new=False)
+    before = row_digests(root / last.name) if last else {}
+    tasks_before = set(_tasks(before, root / last.name)) if last else set()
+    release = Release(
+        name=_free_name(provenance.batch, {r.name for r in known}), batch=provenance.batch, content_sha256=content,
+        previous=last.name if last else "", rows={c: {s: len(d) for s, d in by_split.items()}
+                                                  for c, by_split in digests.items()},
+        changes=row_changes(before, digests),
+        tasks_added=tuple(sorted(set(_tasks(digests, export)) - tasks_before)),
+        quarantined=tuple(sorted(provenance.quarantined)),
+        newly_quarantined=tuple(sorted(set(provenance.quarantined) - set(last.quarantined if last else ()))),
+        families={k: dict(v) for k, v in families.items()}, evaluation=dict(provenance.evaluation),
+        code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")
+    add_release_section(export / "README.md", release)
+    root.mkdir(parents=True, exist_ok=True)
+    _copy_into_place(export, root / release.name)
+    with (root / INDEX).open("a") as index:
+        index.write(json.dumps({"name": release.name, "content_sha256": content}) + "\n")
+    log.info("release %s: %s", release.name, ", ".join(f"{c.config}/{c.split} +{c.added} -{c.removed}"
+                                                       for c in release.changes))
+    return ReleaseResult(release, root / release.name, new=True)
+
+
+def _tasks(digests: Mapping[str, Mapping[str, list[str]]], folder: Path) -> list[str]:
+    """The instance ids of the folder's `tasks` config (every split)."""
+    return [task for split in digests.get("tasks", {})
+            for task in pq.read_table(folder / f"data/tasks/{split}-00000-of-00001.parquet",
+                                      columns=["instance_id"]).column("instance_id").to_pylist()]
+
+
+def _free_name(batch: str, taken: Iterable[str]) -> str:
+    """The batch, or `<batch>.2`, `.3`... when a release of the batch exists (a re-run with other rows)."""
+    taken, name, n = set(taken), batch, 1
+    while name in taken:
+        n += 1
+        name = f"{batch}.{n}"
+    return name
+
+
+def _copy_into_place(source: Path, target: Path) -> None:
+    """`target` replaced by a copy of `source`, renamed in whole so a reader never sees half of it."""
+    staging = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(source, staging)
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def code_version(checkout: Path) -> str:
+    """The git commit of the handhold checkout ('+dirty' when it has changes), else the package version."""
+    try:
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+        dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        head = None
+    if head is not None and head.returncode == 0:
+        return f"git {head.stdout.strip()}" + ("+dirty" if dirty.stdout.strip() else "")
+    try:
+        return f"handhold {metadata.version('handhold')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def settings_sha256(settings: object) -> str:
+    """A digest of the settings (a dataclass tree), secrets never among them."""
+    return hashlib.sha256(json.dumps(asdict(settings), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def dataset_identity(folder: Path) -> dict[str, str]:
+    """Which dataset a run read: the release it is (tag) or the local build it came from, and its rows' digest."""
+    folder = Path(folder)
+    if (folder / RELEASE_FILE).exists():
+        release = Release.read(folder)
+        return {"dataset_release": release.name, "dataset_build": release.batch,
+                "dataset_sha256": release.content_sha256, "dataset_path": str(folder)}
+    return {"dataset_release": "", "dataset_build": "local export (no release)",
+            "dataset_sha256": content_sha256(row_digests(folder)), "dataset_path": str(folder)}
