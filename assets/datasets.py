@@ -2,6 +2,7 @@
 Hugging Face dataset folder, and its publication on the Hub; with the checks that must hold first."""
 
 import os
+from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
@@ -17,12 +18,14 @@ from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
 from pipeline.datasets.formats import row_text
 from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
+from pipeline.datasets.release import Provenance, code_version, cut_release, evaluation_numbers, settings_sha256
 from pipeline.datasets.secrets import scan_tables
 from pipeline.tasks.flakiness import left_out, quarantined, read_rechecks, task_table
 from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.vocab import DATASET_KINDS
 
 PREVIEW_ROWS = 5
+CHECKOUT = Path(__file__).resolve().parents[1]  # the handhold checkout, whose commit names the code of a release
 
 
 def _trajectories(settings: HandholdSettings) -> pl.DataFrame:
@@ -158,13 +161,16 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
                                      pairs_by_origin(dpo["chosen_source"].to_list() if dpo.height else []))
     for old in unread:
         context.log.warning(f"batch {old}: guidance of an older contract, its teacher cost is left out of `costs`")
+    held = quarantined(read_rechecks(settings.layout().rechecks()), config.quarantine.readmit)
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
                                      checks=manifest_checks(read_manifest(settings.layout().dataset_rows())),
-                                     costs=tuple(costs),
-                                     quarantine=tuple(quarantined(read_rechecks(settings.layout().rechecks()),
-                                                                  config.quarantine.readmit).values())),
+                                     costs=tuple(costs), quarantine=tuple(held.values())),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
+    release = cut_release(folder, settings.layout().releases(), Provenance(
+        batch, quarantined=tuple(held), evaluation=evaluation_numbers(settings.layout().latest_pass_at_1()),
+        code_version=code_version(CHECKOUT), settings_sha256=settings_sha256(config)))
+    context.log.info(release.describe())
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []
     pictures = {"pass_rate_by_guidance_kind": dg.MetadataValue.md(
@@ -176,6 +182,9 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
                                                                           "k*/K"))
     return dg.MaterializeResult(metadata={
         "path": str(folder), "rows": report.rows, "files": len(report.files), "empty": list(report.empty),
+        "release": release.release.name, "new_release": release.new, "release_folder": str(release.folder),
+        "rows_sha256": release.release.content_sha256,
+        "release_changes": {f"{c.config}/{c.split}": f"+{c.added} -{c.removed}" for c in release.release.changes},
         "rows_moved_to_task_split": moved,
         "costs": dg.MetadataValue.md(cost_markdown(costs)), "cost": cost_totals(costs)["cost"],
         "load_with": f'datasets.load_dataset("{folder}", "dpo")', **pictures})
@@ -200,8 +209,11 @@ def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSetting
         context.log.info(f"publication skipped: {why}")
         return dg.MaterializeResult(metadata={"published": False, "skipped": why})
     result = publish_dataset(settings.layout().export(), config, run_id=batch, token=token)
+    if result.unchanged:
+        context.log.info(result.describe())
     return dg.MaterializeResult(metadata={
-        "published": not result.dry_run, "repo_id": result.repo_id, "revision": result.revision,
+        "published": not result.dry_run and not result.unchanged, "unchanged": result.unchanged, "tag": result.tag,
+        "repo_id": result.repo_id, "revision": result.revision,
         "private": result.private, "files": len(result.files), "bytes": result.total_bytes,
         "commit": result.commit_url or "(dry run)"})
 

@@ -13,6 +13,7 @@ import dagster as dg
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
 from pipeline.costs import CostConfig
+from pipeline.datasets.release import dataset_identity
 from pipeline.pictures import markdown_image
 from training.common import read_run, starting_model
 from training.launch import launch
@@ -36,14 +37,16 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
     layout = settings.layout()
     model = starting_model(config.model, layout)
     dataset, out = layout.export(), run_dir(settings, context, stage)
+    read = dataset_identity(dataset)  # before training: the folder the run reads, whatever a later night writes
     reported = launch(context, config, stage, model, dataset, out, layout.root)
+    (out / "dataset.json").write_text(json.dumps(read, indent=2))  # the run folder is emptied when it starts
     summary, metrics = read_run(out)
     last = metrics[-5:]
     columns = sorted({k for row in last for k in row if isinstance(row[k], float)})
     table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     table += ["| " + " | ".join(f"{row.get(c, float('nan')):.4g}" for c in columns) + " |" for row in last]
     return dg.MaterializeResult(metadata={
-        **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None},
+        **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None}, **read,
         "checkpoint": dg.MetadataValue.path(str(out / "checkpoint")), "starting_model": model,
         "launcher": config.launcher, "metrics": dg.MetadataValue.path(str(out / "metrics.jsonl")),
         "last_steps": dg.MetadataValue.md("\n".join(table)),
@@ -110,14 +113,15 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     trained = trained_tasks(tasks, config.datasets.test_fraction, sft_task_ids(layout.export()), evaluation.train_tasks)
     results = [evaluate_model(context, label, path, held_out, trained, rollout, layout, batch, evaluation,
                               credentials, config.costs) for label, path in models.items()]
-    report = {"tasks": task_batch(held_out), "trained_tasks": task_batch(trained),
+    read = dataset_identity(layout.export())
+    report = {"dataset": read, "tasks": task_batch(held_out), "trained_tasks": task_batch(trained),
               "test_fraction": config.datasets.test_fraction,
               "attempts_per_task": evaluation.attempts, "temperature": evaluation.temperature,
               "interval": INTERVAL, "results": results}
     out = layout.pass_at_1(batch)
     out.write_text(json.dumps(report, indent=2))
     return dg.MaterializeResult(metadata={
-        "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"],
+        "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"], **read,
         "attempts_per_task": evaluation.attempts, "interval": INTERVAL,
         "trained_tasks": len(trained), **{f"pass@1/{r['model']}": r["pass@1"] for r in results},
         **{f"trained_pass@1/{r['model']}": r["trained"]["pass@1"] for r in results if r["trained"]["tasks"]},

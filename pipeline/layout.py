@@ -156,6 +156,9 @@ class Layout:
     def export(self) -> Path:
         return self._at("datasets", "hf")
 
+    def releases(self) -> Path:
+        return self._at("datasets", "releases")
+
     def training_run(self, stage: str, batch: str) -> Path:
         return self._at("models", stage, batch)
 
@@ -167,3 +170,8 @@ class Layout:
 
     def pass_at_1(self, batch: str) -> Path:
         return self._at("evaluation", batch, "pass_at_1.json")
+
+    def latest_pass_at_1(self) -> Path | None:
+        """The evaluation report written last; None before any."""
+        reports = sorted(self._at("evaluation").glob("*/pass_at_1.json"), key=lambda p: p.stat().st_mtime_ns)
+        return reports[-1] if reports else None

@@ -27,13 +27,14 @@ from typing import Iterable, Mapping
 
 import pyarrow.parquet as pq
 
-from pipeline.datasets.card import add_release_section
+from pipeline.datasets.card import add_release_section, contributions
 
 log = logging.getLogger(__name__)
 
 RELEASE_FILE = "release.json"
 INDEX = "releases.jsonl"  # under the releases folder: one line per release, oldest first
 NAME = re.compile(r"^[\w][\w.\-]*$")  # a folder name and a Hub tag name
+ROW_CONFIGS = ("dpo", "actguide", "sft", "trajectories")  # configs whose rows come from a task's attempts
 SHARD = re.compile(r"^data/(\w+)/(\w+)-\d+-of-\d+\.parquet$")
 
 
@@ -63,6 +64,7 @@ class Release:
     """config -> split -> rows."""
     changes: tuple[RowChange, ...] = ()
     tasks_added: tuple[str, ...] = ()
+    """Tasks some row comes from now and none did in the previous release."""
     quarantined: tuple[str, ...] = ()
     """Every task quarantined when it was made."""
     newly_quarantined: tuple[str, ...] = ()
@@ -144,8 +146,7 @@ def releases(root: Path) -> list[Release]:
     return [Release.read(Path(root) / name) for name in names]
 
 
-def cut_release(export: Path, root: Path, provenance: Provenance, families: Mapping[str, Mapping[str, int]]
-                ) -> ReleaseResult:
+def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResult:
     """Make the export folder a release: a new one under `root` when its rows differ from the last release's
     (its card then says what changed), else the export folder becomes the last release's copy again."""
     export, root = Path(export), Path(root)
@@ -160,16 +161,16 @@ def cut_release(export: Path, root: Path, provenance: Provenance, families: Mapp
         log.info("the export's rows are identical to release %s: no new release", last.name)
         return ReleaseResult(last, root / last.name, new=False)
     before = row_digests(root / last.name) if last else {}
-    tasks_before = set(_tasks(before, root / last.name)) if last else set()
+    tasks_before = _tasks(before, root / last.name) if last else set()
     release = Release(
         name=_free_name(provenance.batch, {r.name for r in known}), batch=provenance.batch, content_sha256=content,
         previous=last.name if last else "", rows={c: {s: len(d) for s, d in by_split.items()}
                                                   for c, by_split in digests.items()},
         changes=row_changes(before, digests),
-        tasks_added=tuple(sorted(set(_tasks(digests, export)) - tasks_before)),
+        tasks_added=tuple(sorted(_tasks(digests, export) - tasks_before)),
         quarantined=tuple(sorted(provenance.quarantined)),
         newly_quarantined=tuple(sorted(set(provenance.quarantined) - set(last.quarantined if last else ()))),
-        families={k: dict(v) for k, v in families.items()}, evaluation=dict(provenance.evaluation),
+        families=_families(export, digests), evaluation=dict(provenance.evaluation),
         code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")
@@ -183,11 +184,30 @@ def cut_release(export: Path, root: Path, provenance: Provenance, families: Mapp
     return ReleaseResult(release, root / release.name, new=True)
 
 
-def _tasks(digests: Mapping[str, Mapping[str, list[str]]], folder: Path) -> list[str]:
-    """The instance ids of the folder's `tasks` config (every split)."""
-    return [task for split in digests.get("tasks", {})
-            for task in pq.read_table(folder / f"data/tasks/{split}-00000-of-00001.parquet",
-                                      columns=["instance_id"]).column("instance_id").to_pylist()]
+def _tasks(digests: Mapping[str, Mapping[str, list[str]]], folder: Path) -> set[str]:
+    """The tasks some row of the folder comes from (the `tasks` table lists every task, rows or not)."""
+    found = set()
+    for config in ROW_CONFIGS:
+        for split in digests.get(config, {}):
+            table = pq.read_table(folder / f"data/{config}/{split}-00000-of-00001.parquet")
+            if "instance_id" in table.column_names:
+                found |= set(table.column("instance_id").to_pylist())
+    return found
+
+
+def _families(folder: Path, digests: Mapping[str, Mapping[str, list[str]]]) -> dict[str, dict[str, int]]:
+    """DPO pairs and SFT rows per chosen attempt's origin, every split (the card's contributions)."""
+    shards = {config: {split: pq.read_table(folder / f"data/{config}/{split}-00000-of-00001.parquet")
+                       for split in digests.get(config, {})} for config in ("dpo", "sft")}
+    return contributions(shards)
+
+
+def evaluation_numbers(report: Path | None) -> dict[str, object]:
+    """The batch and each model's pass@1 of an evaluation report (pass_at_1.json); {} without one."""
+    if report is None or not Path(report).exists():
+        return {}
+    results = json.loads(Path(report).read_text()).get("results", [])
+    return {"batch": Path(report).parent.name, **{f"pass@1/{r['model']}": r["pass@1"] for r in results}}
 
 
 def _free_name(batch: str, taken: Iterable[str]) -> str:
