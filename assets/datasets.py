@@ -2,12 +2,14 @@
 Hugging Face dataset folder, and its publication on the Hub; with the checks that must hold first."""
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
 import polars as pl
 
+from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings
 from pipeline.costs import cost_markdown, cost_totals, pairs_by_origin, stored_cost_rows
 from pipeline.datasets import read_dataset, update_datasets
@@ -25,6 +27,7 @@ from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.vocab import DATASET_KINDS
 
 PREVIEW_ROWS = 5
+EXPORT_FRESHNESS = timedelta(hours=30)  # a nightly export older than this missed a night (and some slack)
 CHECKOUT = Path(__file__).resolve().parents[1]  # the handhold checkout, whose commit names the code of a release
 
 
@@ -54,7 +57,7 @@ def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
 
 @dg.multi_asset(
     specs=[dg.AssetSpec(f"{kind}_dataset", group_name="datasets", kinds={"parquet"}, deps=["guided_rollouts"],
-                        description=desc) for kind, desc in [
+                        automation_condition=after_new_batch(), description=desc) for kind, desc in [
         ("dpo", "DPO pairs in TRL's conversational preference format: the unguided prompt, a guided or unguided "
                 "success as chosen, an unguided failure as rejected."),
         ("actguide", "ActGuide groups: unguided and guided prompt, reference actions, K and k*, every attempt."),
@@ -149,7 +152,9 @@ def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
     return tables
 
 
-@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in DATASET_KINDS])
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in DATASET_KINDS],
+          automation_condition=after_new_batch(), freshness_policy=dg.FreshnessPolicy.time_window(
+              fail_window=EXPORT_FRESHNESS, warn_window=EXPORT_FRESHNESS - timedelta(hours=6)))
 def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram."""
     config, batch = settings.resolved(), settings.batch_name(context)
@@ -198,7 +203,7 @@ def export_has_no_secrets(settings: HandholdSettings) -> dg.AssetCheckResult:
                                                               "tables": sorted(tables)})
 
 
-@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[dataset_export])
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[dataset_export], automation_condition=after_new_batch())
 def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSettings,
                     credentials: Credentials) -> dg.MaterializeResult:
     """The exported folder pushed to the Hub as one commit; skipped, saying why, without a repo or a token."""

@@ -6,10 +6,12 @@ metrics, the loss curve.
 """
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
 
+from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
 from pipeline.costs import CostConfig
@@ -19,6 +21,7 @@ from training.common import read_run, starting_model
 from training.launch import launch
 
 STAGES = ("sft", "dpo", "actguide")
+EVALUATION_FRESHNESS = timedelta(hours=36)  # the nightly evaluation, after training, may finish later than the export
 HEADLINE = ("steps", "rows", "rows_trained", "trajectories", "guided_trajectories", "groups", "first_loss",
             "final_loss", "final_token_accuracy", "final_reward_margin", "final_reward_accuracy", "rows_truncated", "tokens_per_second", "forward_share",
             "seconds", "adapter")
@@ -53,19 +56,19 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
         "loss_curve": dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "loss"))})
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())
 def sft_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy fine-tuned (TRL's SFTTrainer) on the `sft` train split, loss on the assistant's tokens."""
     return train_stage(context, settings, "sft")
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())
 def dpo_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy trained by offline DPO (TRL) on the `dpo` train split, tool observations masked."""
     return train_stage(context, settings, "dpo")
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())
 def actguide_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy trained by ActGuide's mixed-policy objective on the `actguide` train split."""
     return train_stage(context, settings, "actguide")
@@ -82,7 +85,8 @@ def evaluation_policy(label: str, path: str, evaluation, credentials: Credential
 
 
 @dg.asset(group_name="evaluation", kinds={"docker", "parquet"}, deps=["sft_model", "dpo_model", "actguide_model"],
-          pool="sandboxes")
+          pool="sandboxes", automation_condition=after_new_batch(), freshness_policy=dg.FreshnessPolicy.time_window(
+              fail_window=EVALUATION_FRESHNESS, warn_window=EVALUATION_FRESHNESS - timedelta(hours=6)))
 @retried_on_infra
 def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
