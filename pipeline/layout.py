@@ -123,6 +123,11 @@ class Layout:
         origins = [origin] if origin else ["unguided", "guided"]
         return sorted(f for o in origins for f in self._at("trajectories", o).glob("*/trajectories.parquet"))
 
+    def newest_batch(self) -> str:
+        """The batch whose attempts were stored last ('' before any)."""
+        files = self.trajectory_files()
+        return max(files, key=lambda f: f.stat().st_mtime_ns).parent.name if files else ""
+
     def batch_names(self) -> list[str]:
         """Batches with stored attempts of any origin, in name order."""
         root = self.root / "trajectories"

@@ -147,7 +147,8 @@ NIGHT_2 = [traj("y0", iid="t6"), traj("y1", iid="t6", reward=1.0, sample=1)]
 
 
 def _night(tmp_path, batch: str, hub_url: str) -> dict:
-    """The datasets, export and publication assets of a night's run, as the automation would request them."""
+    """The datasets, export and publication assets of a night's run, as the automation would request them
+    (batch '': named by the newest batch stored, as in a run the automation starts)."""
     from assets.datasets import dataset_checks
     from assets.graph import all_assets
     from assets.resources import Credentials, HandholdSettings
@@ -178,7 +179,7 @@ def test_two_nights_make_two_releases_and_the_first_still_loads_by_its_tag(tmp_p
     record_rechecks(data / "tasks" / "rechecks", "2026-12-02", "rollouts", [record("t5", "2026-12-02", 2.0, split=1, gold=-1,
                                                                         source="rollouts")])
     store_batch(data, "2026-12-02", NIGHT_2)
-    second = _night(tmp_path, "2026-12-02", hub.url)
+    second = _night(tmp_path, "", hub.url)
     assert second["dataset_export"]["release"].value == "2026-12-02"
     release = Release.read(data / "datasets" / "releases" / "2026-12-02")
     assert release.previous == "2026-12-01" and release.newly_quarantined == ("t5",)
@@ -192,7 +193,7 @@ def test_two_nights_make_two_releases_and_the_first_still_loads_by_its_tag(tmp_p
     assert {r["instance_id"] for r in _load(tmp_path, "2026-12-02")["train"]} == {"t1", "t6"}
     assert {r["instance_id"] for r in _load(tmp_path, "main")["train"]} == {"t1", "t6"}
 
-    third = _night(tmp_path, "2026-12-03", hub.url)  # nothing new: no release, no commit
+    third = _night(tmp_path, "", hub.url)  # nothing new: no release, no commit
     assert not third["dataset_export"]["new_release"].value and third["dataset_export"]["release"].value == "2026-12-02"
     assert third["hub_publication"]["unchanged"].value and not third["hub_publication"]["published"].value
     assert list(hub.repo(REPO).tags) == ["2026-12-01", "2026-12-02"] and len(hub.repo(REPO).commits()) == 3
