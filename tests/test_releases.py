@@ -25,7 +25,7 @@ from pipeline.tasks.flakiness import record_rechecks
 
 from tests.hub_loopback import HubServer
 from tests.test_datasets_build import OTHERS, TASK_T1, store_batch, traj
-from tests.test_datasets_publish import TOKEN, _tables, online  # noqa: F401 -- `online` is a fixture
+from tests.test_datasets_publish import TOKEN, _tables
 from tests.test_quarantine import record
 from tests.test_records import TASK
 

@@ -88,14 +88,21 @@ class Provenance:
     """What made a release, besides its rows."""
 
     batch: str
+    """The batch the rows were built from: the release's name."""
     quarantined: tuple[str, ...] = ()
+    """Every task quarantined now."""
     evaluation: Mapping[str, object] = field(default_factory=dict)
+    """`evaluation_numbers` of the latest evaluation report."""
     code_version: str = ""
+    """`code_version` of the checkout that made it."""
     settings_sha256: str = ""
+    """`settings_sha256` of the settings it was made with."""
 
 
 @dataclass(frozen=True)
 class ReleaseResult:
+    """The release an export is now, and whether it was made by this export."""
+
     release: Release
     folder: Path
     """The release's own folder under the releases folder."""
