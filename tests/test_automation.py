@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import docker
 import pytest
+import yaml
 
 from assets.definitions import definitions
 from assets.partitions import BATCHES, batch_key, ensure_batch
@@ -161,7 +162,9 @@ def test_the_export_and_the_evaluation_say_how_old_they_may_be(defs, tmp_path, m
     assert policies["policy_evaluation"].fail_window.to_timedelta() == EVALUATION_FRESHNESS
     assert all(p.warn_window.to_timedelta() < p.fail_window.to_timedelta() for p in policies.values())
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    with dg.DagsterInstance.from_config(str(ensure_dagster_home())) as instance:
+    home = ensure_dagster_home()
+    assert yaml.safe_load((home / "dagster.yaml").read_text())["freshness"] == {"enabled": True}
+    with dg.DagsterInstance.from_config(str(home)) as instance:  # Dagster takes the file as it is
         assert instance.freshness_enabled
 
 
