@@ -222,9 +222,8 @@ class HubServer(ThreadedServer):
         if repo is None:
             return _error(404, "Repository not found", code="RepoNotFound")
         if route == "refs":
-            ref = lambda kind, name, c: {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": c.oid}  # noqa: E731
-            return 200, {"branches": [ref("heads", n, cs[-1]) for n, cs in repo.branches.items()], "converts": [],
-                         "tags": [ref("tags", n, c) for n, c in repo.tags.items()]}, {}
+            return 200, {"branches": [_ref("heads", n, cs[-1]) for n, cs in repo.branches.items()], "converts": [],
+                         "tags": [_ref("tags", n, c) for n, c in repo.tags.items()]}, {}
         revision = unquote(match.group(3))
         commit = repo.commit(revision)
         if commit is None:
@@ -278,7 +277,7 @@ def _entries(commit: Commit, folder: str, recursive: bool, itself: bool = False)
         if folder in commit.tree:
             return [_file_entry(folder, commit.tree[folder])]
         below = [p for p in commit.tree if p.startswith(folder + "/")]
-        return [{"type": "directory", "oid": hashlib.sha1(folder.encode()).hexdigest(), "path": folder}] if below else []
+        return [_folder_entry(folder)] if below else []
     prefix = folder + "/" if folder else ""
     files, folders = [], set()
     for path in sorted(p for p in commit.tree if p.startswith(prefix)):
@@ -287,11 +286,19 @@ def _entries(commit: Commit, folder: str, recursive: bool, itself: bool = False)
             files.append(_file_entry(path, commit.tree[path]))
         for depth in range(1, len(parts) if recursive else min(len(parts), 2)):
             folders.add(prefix + "/".join(parts[:depth]))
-    return [{"type": "directory", "oid": hashlib.sha1(f.encode()).hexdigest(), "path": f} for f in sorted(folders)] + files
+    return [_folder_entry(f) for f in sorted(folders)] + files
 
 
 def _file_entry(path: str, content: bytes) -> dict:
     return {"type": "file", "oid": hashlib.sha1(content).hexdigest(), "size": len(content), "path": path}
+
+
+def _folder_entry(path: str) -> dict:
+    return {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "path": path}
+
+
+def _ref(kind: str, name: str, commit: Commit) -> dict:
+    return {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": commit.oid}
 
 
 def _make_commit(parent: str | None, summary: str, description: str, tree: dict[str, bytes],

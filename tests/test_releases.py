@@ -176,8 +176,8 @@ def test_two_nights_make_two_releases_and_the_first_still_loads_by_its_tag(tmp_p
     assert {r["instance_id"] for r in rows_1["train"]} == {"t1", "t5"}
 
     # between the nights a re-check finds t5's tests disagreeing: it is quarantined
-    record_rechecks(data / "tasks" / "rechecks", "2026-12-02", "rollouts", [record("t5", "2026-12-02", 2.0, split=1, gold=-1,
-                                                                        source="rollouts")])
+    flaky = record("t5", "2026-12-02", 2.0, split=1, gold=-1, source="rollouts")  # 1 of 2 grades disagreed
+    record_rechecks(data / "tasks" / "rechecks", "2026-12-02", "rollouts", [flaky])
     store_batch(data, "2026-12-02", NIGHT_2)
     second = _night(tmp_path, "", hub.url)
     assert second["dataset_export"]["release"].value == "2026-12-02"

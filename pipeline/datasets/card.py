@@ -5,10 +5,8 @@ histogram, the sources with their licences, and how to load it."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 import polars as pl
@@ -19,9 +17,6 @@ from pipeline.costs import costs_card_section
 from pipeline.pictures import draw_text, png
 from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
-
-if TYPE_CHECKING:
-    from pipeline.datasets.release import Release
 
 HISTOGRAM_FILE = "k_star_histogram.png"
 RATE_COLUMNS = ("guidance_kind", "resolved", "instance_id", "infra_error")  # of the trajectories table
@@ -93,14 +88,14 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         f"---\n{card_header(card, rows, sizes).to_yaml()}\n---\n",
         f"# {card.pretty_name}\n\n{card.description or 'Training data for software-engineering agents.'}\n\n"
         f"Built by the handhold pipeline, run `{card.run_id}`.",
-        "## Rows\n\n" + _table(["config", "split", "rows"],
+        "## Rows\n\n" + markdown_table(["config", "split", "rows"],
                                 [[c, s, n] for c, by_split in rows.items() for s, n in by_split.items()]),
         _rates_section(trajectories),
         _guidance_checks_section(card.checks, splits),
         costs_card_section(card.costs),
         _histogram_section(histogram),
         _quarantine_section(card.quarantine),
-        "## Sources\n\n" + _table(["source", "version", "licence", "url"], [
+        "## Sources\n\n" + markdown_table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
         _loading_section(card.repo_id, list(rows)),
     ]
@@ -113,7 +108,7 @@ def _concat(by_split: dict[str, pa.Table], columns: tuple[str, ...]) -> pl.DataF
     return pl.from_arrow(pa.concat_tables(tables, promote_options="permissive")) if tables else None
 
 
-def _table(headers: list[str], rows: list[list[object]]) -> str:
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     """A Markdown table; floats as percentages."""
     def cell(v: object) -> str:
         return f"{v:.1%}" if isinstance(v, float) else str(v).replace("|", "\\|")
@@ -126,9 +121,9 @@ def _rates_section(trajectories: pl.DataFrame | None) -> str:
         return "## Pass rates\n\nNo graded trajectories in this export."
     passes, recovery = pass_rates(trajectories), recovery_rates(trajectories)
     return ("## Pass rates\n\nBy guidance kind, over attempts without an infrastructure error.\n\n"
-            + _table(passes.columns, passes.rows()) + "\n\n## Recovery rates\n\n"
+            + markdown_table(passes.columns, passes.rows()) + "\n\n## Recovery rates\n\n"
             "Of the tasks no unguided attempt resolved, the share some attempt under each guidance kind "
-            "resolved (among those tried under it).\n\n" + _table(recovery.columns, recovery.rows()))
+            "resolved (among those tried under it).\n\n" + markdown_table(recovery.columns, recovery.rows()))
 
 
 CHECK_COLUMNS = {"references_dropped": "referring prose: dropped", "references_rewritten": "referring prose: rewritten",
@@ -154,7 +149,7 @@ def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[s
     lines = ["## Guidance checks", "A chosen completion is trained under the unguided prompt. Guided successes "
              "whose prose refers to the guidance, that edited a file no tool output had shown (ungrounded), or "
              "whose hint held a line of the gold patch, by guidance kind:"]
-    lines.append(_table(["guidance kind"] + [CHECK_COLUMNS[c] for c in present],
+    lines.append(markdown_table(["guidance kind"] + [CHECK_COLUMNS[c] for c in present],
                         [[k] + [checks.get(f"{c}.{k}", 0) for c in present] for k in kinds]) if kinds
                  else "No guided success was checked.")
     for config, (gold, total) in gold_hint_shares(splits).items():
@@ -163,7 +158,7 @@ def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[s
     contributed = contributions(splits)
     if contributed:
         lines.append("What each family contributed: DPO pairs and SFT rows by where the chosen attempt came from.")
-        lines.append(_table(["chosen from", "dpo pairs", "sft rows"],
+        lines.append(markdown_table(["chosen from", "dpo pairs", "sft rows"],
                             [[source, n.get("dpo", 0), n.get("sft", 0)] for source, n in sorted(contributed.items())]))
     return "\n\n".join(lines)
 
@@ -190,7 +185,7 @@ def _histogram_section(histogram: pl.DataFrame | None) -> str:
     found = histogram.filter(pl.col("bin") != "not found")
     return (f"## Minimal guidance prefix k*/K\n\n![k*/K histogram]({HISTOGRAM_FILE})\n\n"
             "Share k*/K of the K reference actions a guided attempt needed to succeed, over accepted plans "
-            "with K > 0.\n\n" + _table(["k*/K", "plans"], found.rows())
+            "with K > 0.\n\n" + markdown_table(["k*/K", "plans"], found.rows())
             + f"\n\nPlans where no prefix succeeded: {histogram.filter(pl.col('bin') == 'not found')['plans'].sum()}.")
 
 
@@ -296,43 +291,3 @@ def _loading_section(repo_id: str, configs: list[str]) -> str:
     return ("## Loading\n\n```python\nfrom datasets import load_dataset\n\n" + "\n".join(lines) + "\n```\n\n"
             "A local copy of this folder loads the same way: `load_dataset(\"path/to/folder\", \"dpo\")`.")
 
-
-def release_section(release: Release, repo_id: str = "") -> str:
-    """What changed since the previous release, what made this one, and how to load it by its tag."""
-    after = f"since release `{release.previous}`" if release.previous else "(the first release: every row is new)"
-    lines = [f"## Release `{release.name}`",
-             f"Built from batch `{release.batch}` by code {release.code_version or 'unknown'}, settings sha256 "
-             f"`{release.settings_sha256 or 'unknown'}`; rows sha256 `{release.content_sha256}`.",
-             f"Rows added and removed {after}, by content:",
-             _table(["config", "split", "rows", "added", "removed"],
-                    [[c.config, c.split, c.rows, c.added, c.removed] for c in release.changes]),
-             f"Tasks added: {_names(release.tasks_added)}.",
-             f"Tasks quarantined {'since the previous release' if release.previous else 'now'}: "
-             f"{_names(release.newly_quarantined)}; quarantined in all: {len(release.quarantined)}."]
-    if release.families:
-        lines.append(_table(["chosen from (guidance family)", "dpo pairs", "sft rows"],
-                            [[k, v.get("dpo", 0), v.get("sft", 0)] for k, v in sorted(release.families.items())]))
-    numbers = {k: v for k, v in release.evaluation.items() if k != "batch"}
-    lines.append(_table(["evaluation (batch " + str(release.evaluation.get("batch", "?")) + ")", "value"],
-                        [[k, v] for k, v in sorted(numbers.items())]) if numbers
-                 else "Evaluation: none had run when this release was made.")
-    lines.append(f'Load this release unchanged by later ones: `load_dataset("{repo_id or "<owner>/<name>"}", "dpo", '
-                 f'revision="{release.name}")`.')
-    return "\n\n".join(lines)
-
-
-def _names(tasks: tuple[str, ...], shown: int = 20) -> str:
-    if not tasks:
-        return "none"
-    more = f" and {len(tasks) - shown} more" if len(tasks) > shown else ""
-    return f"{len(tasks)} (" + ", ".join(f"`{t}`" for t in tasks[:shown]) + more + ")"
-
-
-def add_release_section(readme: Path, release: Release) -> None:
-    """Put the release section into a written card, before its `## Rows`."""
-    text = readme.read_text()
-    repo = re.search(r'load_dataset\("([^"<]+/[^"]+)", "', text)
-    if "\n## Rows\n" not in text:
-        raise ValueError(f"{readme} has no '## Rows' section: it is not a card export_dataset wrote; export again")
-    head, rest = text.split("\n## Rows\n", 1)
-    readme.write_text(f"{head}\n{release_section(release, repo.group(1) if repo else '')}\n\n## Rows\n{rest}")

@@ -27,60 +27,15 @@ from typing import Iterable, Mapping
 
 import pyarrow.parquet as pq
 
-from pipeline.datasets.card import add_release_section, contributions
+from pipeline.datasets.card import contributions
+from pipeline.datasets.release_notes import RELEASE_FILE, Release, RowChange, add_release_section
 
 log = logging.getLogger(__name__)
 
-RELEASE_FILE = "release.json"
 INDEX = "releases.jsonl"  # under the releases folder: one line per release, oldest first
 NAME = re.compile(r"^[\w][\w.\-]*$")  # a folder name and a Hub tag name
 ROW_CONFIGS = ("dpo", "actguide", "sft", "trajectories")  # configs whose rows come from a task's attempts
 SHARD = re.compile(r"^data/(\w+)/(\w+)-\d+-of-\d+\.parquet$")
-
-
-@dataclass(frozen=True)
-class RowChange:
-    """How a config's split changed since the previous release."""
-
-    config: str
-    split: str
-    rows: int
-    added: int
-    removed: int
-
-
-@dataclass(frozen=True)
-class Release:
-    """A release as its `release.json` records it."""
-
-    name: str
-    """The tag on the Hub and the folder's name: the batch the rows were built from."""
-    batch: str
-    content_sha256: str
-    """Of the rows (each config's and split's row digests, sorted): equal for equal rows."""
-    previous: str = ""
-    """The release before this one; '' for the first."""
-    rows: dict[str, dict[str, int]] = field(default_factory=dict)
-    """config -> split -> rows."""
-    changes: tuple[RowChange, ...] = ()
-    tasks_added: tuple[str, ...] = ()
-    """Tasks some row comes from now and none did in the previous release."""
-    quarantined: tuple[str, ...] = ()
-    """Every task quarantined when it was made."""
-    newly_quarantined: tuple[str, ...] = ()
-    families: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Chosen attempt's origin ('unguided', 'guided:<kind>') -> config (dpo, sft) -> rows."""
-    evaluation: dict[str, object] = field(default_factory=dict)
-    """The latest evaluation's numbers ('batch', 'pass@1/<model>'); empty when none had run."""
-    code_version: str = ""
-    settings_sha256: str = ""
-    created: str = ""
-
-    @classmethod
-    def read(cls, folder: Path) -> Release:
-        raw = json.loads((Path(folder) / RELEASE_FILE).read_text())
-        raw["changes"] = tuple(RowChange(**c) for c in raw.get("changes", ()))
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
 
 
 @dataclass(frozen=True)
