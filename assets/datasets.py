@@ -156,7 +156,8 @@ def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
           automation_condition=after_new_batch(), freshness_policy=dg.FreshnessPolicy.time_window(
               fail_window=EXPORT_FRESHNESS, warn_window=EXPORT_FRESHNESS - timedelta(hours=6)))
 def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
-    """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram."""
+    """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram; a
+    release named by the batch when its rows differ from the last release's (pipeline/datasets/release.py)."""
     config, batch = settings.resolved(), settings.batch_name(context)
     plans = [pl.read_parquet(f) for f in settings.layout().guidance_files()]
     folder = settings.layout().export()
@@ -206,7 +207,8 @@ def export_has_no_secrets(settings: HandholdSettings) -> dg.AssetCheckResult:
 @dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[dataset_export], automation_condition=after_new_batch())
 def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSettings,
                     credentials: Credentials) -> dg.MaterializeResult:
-    """The exported folder pushed to the Hub as one commit; skipped, saying why, without a repo or a token."""
+    """The release pushed to the Hub as one commit tagged with its name, or nothing when that tag is there;
+    skipped, saying why, without a repo or a token."""
     config, batch = settings.resolved().publish, settings.batch_name(context)
     token = credentials.hub_token or os.environ.get("HF_TOKEN", "")
     if not config.repo_id or not (token or config.dry_run):
