@@ -179,16 +179,22 @@ def test_two_nights_make_two_releases_and_the_first_still_loads_by_its_tag(tmp_p
     flaky = record("t5", "2026-12-02", 2.0, split=1, gold=-1, source="rollouts")  # 1 of 2 grades disagreed
     record_rechecks(data / "tasks" / "rechecks", "2026-12-02", "rollouts", [flaky])
     store_batch(data, "2026-12-02", NIGHT_2)
+    (data / "evaluation" / "2026-12-01").mkdir(parents=True)  # the first night's evaluation, as policy_evaluation writes it
+    (data / "evaluation" / "2026-12-01" / "pass_at_1.json").write_text(json.dumps({"results": [
+        {"model": "starting", "pass@1": 0.25}, {"model": "dpo", "pass@1": 0.5}]}))
     second = _night(tmp_path, "", hub.url)
     assert second["dataset_export"]["release"].value == "2026-12-02"
     release = Release.read(data / "datasets" / "releases" / "2026-12-02")
     assert release.previous == "2026-12-01" and release.newly_quarantined == ("t5",)
+    assert release.evaluation == {"batch": "2026-12-01", "pass@1/starting": 0.25, "pass@1/dpo": 0.5}
+    assert release.code_version.startswith("git ") and len(release.settings_sha256) == 64
     dpo = {(c.split, c.added, c.removed) for c in release.changes if c.config == "dpo"}
     assert dpo == {("train", 1, 1)}  # t6's pair in, t5's out (t1's unchanged)
     card = (data / "datasets" / "releases" / "2026-12-02" / "README.md").read_text()
     assert "since release `2026-12-01`" in card and "| dpo | train | 5 | 1 | 1 |" in card
     assert "Tasks quarantined since the previous release: 1 (`t5`)" in card and "Tasks added: 1 (`t6`)" in card
     assert "| t5 | 2026-12-02 | tests_disagree |" in card  # the quarantine section names it and why
+    assert "| pass@1/dpo | 50.0% |" in card and f"settings sha256 `{release.settings_sha256}`" in card
     assert _load(tmp_path, "2026-12-01") == rows_1  # the first night's release, unchanged by the second
     assert {r["instance_id"] for r in _load(tmp_path, "2026-12-02")["train"]} == {"t1", "t6"}
     assert {r["instance_id"] for r in _load(tmp_path, "main")["train"]} == {"t1", "t6"}
