@@ -179,7 +179,7 @@ def test_two_nights_make_two_releases_and_the_first_still_loads_by_its_tag(tmp_p
     flaky = record("t5", "2026-12-02", 2.0, split=1, gold=-1, source="rollouts")  # 1 of 2 grades disagreed
     record_rechecks(data / "tasks" / "rechecks", "2026-12-02", "rollouts", [flaky])
     store_batch(data, "2026-12-02", NIGHT_2)
-    (data / "evaluation" / "2026-12-01").mkdir(parents=True)  # the first night's evaluation, as policy_evaluation writes it
+    (data / "evaluation" / "2026-12-01").mkdir(parents=True)  # the first night's evaluation, as written by it
     (data / "evaluation" / "2026-12-01" / "pass_at_1.json").write_text(json.dumps({"results": [
         {"model": "starting", "pass@1": 0.25}, {"model": "dpo", "pass@1": 0.5}]}))
     second = _night(tmp_path, "", hub.url)
