@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
-from pipeline.datasets.publish import PublishConfig, publish_dataset
+from pipeline.datasets.publish import PublishConfig, PublishError, publish_dataset
 from pipeline.datasets.release import (Provenance, Release, RowChange, cut_release, dataset_identity, releases,
                                        row_changes)
 from pipeline.records import TASK_SCHEMA
@@ -125,10 +125,11 @@ def test_publishing_tags_the_release_and_an_unchanged_one_makes_no_commit(tmp_pa
     assert first.tag == "b1" and not first.unchanged and hub.repo(REPO).tags["b1"].oid == first.commit_oid
     cut_release(_export(export, _tables(), "b2"), root, Provenance("b2"))  # no change: the folder is b1 again
     caplog.set_level(logging.INFO, logger="pipeline")
+    asked = len(hub.requests)
     again = publish_dataset(export, config, "b2", TOKEN)
     assert again.unchanged and again.tag == "b1" and again.commit_oid == first.commit_oid
     assert "identical content, no new commit" in again.describe() and "release b1 is on dataset" in caplog.text
-    assert len(hub.repo(REPO).commits()) == 2 and hub.routes()[-2:] == ["create_repo", "refs"]
+    assert len(hub.repo(REPO).commits()) == 2 and hub.routes()[asked:] == ["create_repo", "refs", "resolve", "resolve"]
     cut_release(_export(export, _fewer_rows(), "b3"), root, Provenance("b3"))
     (export / "k_star_histogram.png").write_bytes(b"png")  # a file only this release has ...
     third = publish_dataset(export, config, "b3", TOKEN)
@@ -138,6 +139,26 @@ def test_publishing_tags_the_release_and_an_unchanged_one_makes_no_commit(tmp_pa
     assert "k_star_histogram.png" not in hub.repo(REPO).files("b4")  # ... is not left in a later release
     assert hub.repo(REPO).tags["b3"].oid == third.commit_oid and len(hub.repo(REPO).commits()) == 4
     assert len(_load(tmp_path, "b3")["train"]) == 2 and len(_load(tmp_path, "b4")["train"]) == 3
+
+
+def test_a_tag_holding_other_rows_is_refused_naming_it(tmp_path, hub):
+    config = PublishConfig(REPO, endpoint=hub.url)
+    cut_release(_export(tmp_path / "one", _tables(), "b1"), tmp_path / "r1", Provenance("b1"))
+    publish_dataset(tmp_path / "one", config, "b1", TOKEN)
+    cut_release(_export(tmp_path / "two", _fewer_rows(), "b1"), tmp_path / "r2", Provenance("b1"))  # another data dir
+    with pytest.raises(PublishError, match=f"dataset {REPO} has a tag b1 holding other rows than .*delete the Hub tag"):
+        publish_dataset(tmp_path / "two", config, "b1", TOKEN)
+    assert len(hub.repo(REPO).commits()) == 2
+
+
+def test_a_failed_tag_says_the_commit_landed_and_a_rerun_tags_it(tmp_path, online):
+    export = cut_release(_export(tmp_path / "hf", _tables(), "b1"), tmp_path / "r", Provenance("b1")).folder
+    with HubServer(token=TOKEN, fail_at=1, fail_route="tag") as endpoint:
+        server_config = PublishConfig(REPO, endpoint=endpoint)
+        with pytest.raises(PublishError, match="failed at create_tag.*The commit [0-9a-f]+ landed but not the tag b1"):
+            publish_dataset(export, server_config, "b1", TOKEN)
+        again = publish_dataset(export, server_config, "b1", TOKEN)
+    assert again.tag == "b1" and not again.unchanged
 
 
 # --- two nights through the Dagster assets ---------------------------------------------------

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+from huggingface_hub.errors import EntryNotFoundError
 
 from pipeline.datasets.release_notes import RELEASE_FILE, Release
 from pipeline.datasets.secrets import SecretFinding, scan_folder
@@ -135,7 +137,7 @@ def publish_dataset(folder: Path, config: PublishConfig, run_id: str, token: str
                            "pass the value of HF_TOKEN (or the Dagster EnvVar holding it)")
     log.info("publishing %d files (%d bytes) to dataset %s at revision %s (private=%s), run %s",
              len(plan.files), plan.total_bytes, config.repo_id, config.revision, config.private, run_id)
-    oid, url, step, failure, tagged = "", "", "create_repo", "", ""
+    oid, url, step, failure, tagged, clash = "", "", "create_repo", "", "", False
     api = HfApi(endpoint=config.endpoint or None, token=token, library_name="handhold")
     try:
         api.create_repo(config.repo_id, repo_type="dataset", private=config.private, exist_ok=True)
@@ -143,6 +145,9 @@ def publish_dataset(folder: Path, config: PublishConfig, run_id: str, token: str
             step = "list_repo_refs"
             tagged = next((t.target_commit for t in api.list_repo_refs(config.repo_id, repo_type="dataset").tags
                            if t.name == plan.tag), "")
+        if tagged:
+            step = "read the tagged release.json"
+            clash = _tagged_rows(api, config.repo_id, plan.tag) != Release.read(folder).content_sha256
         if not tagged and config.revision != "main":
             step = "create_branch"
             api.create_branch(config.repo_id, branch=config.revision, repo_type="dataset", exist_ok=True)
@@ -161,6 +166,10 @@ def publish_dataset(folder: Path, config: PublishConfig, run_id: str, token: str
         raise PublishError(
             f"publishing {folder} to dataset {config.repo_id} at revision {config.revision} failed at {step}: "
             f"{failure}. {landed[0].upper() + landed[1:]}; fix the cause and publish again.")
+    if tagged and clash:
+        raise PublishError(f"dataset {config.repo_id} has a tag {plan.tag} holding other rows than {folder}: a "
+                           f"release of that name was published from another data folder; delete the Hub tag "
+                           f"(HfApi().delete_tag) or publish from the folder that made it")
     if tagged:
         result = replace(plan, commit_oid=tagged, unchanged=True)
         log.info("%s", result.describe())
@@ -183,6 +192,16 @@ def _commit(api: HfApi, folder: Path, config: PublishConfig, plan: PublishResult
         commit_message=plan.commit_message,
         commit_description=f"{len(plan.files)} files, {plan.total_bytes} bytes, from pipeline run {run_id}.")
     return info.oid, info.commit_url
+
+
+def _tagged_rows(api: HfApi, repo_id: str, tag: str) -> str:
+    """The rows digest of the release the Hub holds under `tag` ('' when it has no release.json)."""
+    with tempfile.TemporaryDirectory() as cache:
+        try:
+            path = api.hf_hub_download(repo_id, RELEASE_FILE, repo_type="dataset", revision=tag, cache_dir=cache)
+        except EntryNotFoundError:
+            return ""
+        return Release.read(Path(path).parent).content_sha256
 
 
 def _validate(folder: Path, config: PublishConfig, run_id: str) -> None:
