@@ -68,7 +68,7 @@ def test_a_release_is_made_only_when_the_rows_change(tmp_path, caplog):
     same = cut_release(_export(export, _tables(), "b2"), root, Provenance("b2"))
     assert not same.new and same.release.name == "b1" and "identical to release b1" in caplog.text
     assert "run `b1`" in (export / "README.md").read_text()  # the folder is the standing release again
-    second = cut_release(_export(export, _fewer_rows(), "b3"), root, Provenance("b3", quarantined=("c",)))
+    second = cut_release(_export(export, _fewer_rows(), "b3"), root, Provenance("b3", quarantined=("c",), repo_id=REPO))
     assert (second.release.name, second.release.previous) == ("b3", "b1")
     assert RowChange("dpo", "train", 2, 0, 1) in second.release.changes
     assert RowChange("tasks", "train", 4, 1, 0) in second.release.changes

@@ -52,6 +52,8 @@ class Provenance:
     """`code_version` of the checkout that made it."""
     settings_sha256: str = ""
     """`settings_sha256` of the settings it was made with."""
+    repo_id: str = ""
+    """The Hub repo it will be published to, for the card's loading line; '' shows a placeholder."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")
-    add_release_section(export / "README.md", release)
+    add_release_section(export / "README.md", release, provenance.repo_id)
     root.mkdir(parents=True, exist_ok=True)
     _copy_into_place(export, root / release.name)
     with (root / INDEX).open("a") as index:
