@@ -2,11 +2,14 @@
 Hugging Face dataset folder, and its publication on the Hub; with the checks that must hold first."""
 
 import os
+from datetime import timedelta
+from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
 import polars as pl
 
+from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings
 from pipeline.costs import cost_markdown, cost_totals, pairs_by_origin, stored_cost_rows
 from pipeline.datasets import read_dataset, update_datasets
@@ -17,12 +20,15 @@ from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
 from pipeline.datasets.formats import row_text
 from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
+from pipeline.datasets.release import Provenance, code_version, cut_release, evaluation_numbers, settings_sha256
 from pipeline.datasets.secrets import scan_tables
 from pipeline.tasks.flakiness import left_out, quarantined, read_rechecks, task_table
 from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.vocab import DATASET_KINDS
 
 PREVIEW_ROWS = 5
+EXPORT_FRESHNESS = timedelta(hours=30)  # a nightly export older than this missed a night (and some slack)
+CHECKOUT = Path(__file__).resolve().parents[1]  # the handhold checkout, whose commit names the code of a release
 
 
 def _trajectories(settings: HandholdSettings) -> pl.DataFrame:
@@ -51,7 +57,7 @@ def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
 
 @dg.multi_asset(
     specs=[dg.AssetSpec(f"{kind}_dataset", group_name="datasets", kinds={"parquet"}, deps=["guided_rollouts"],
-                        description=desc) for kind, desc in [
+                        automation_condition=after_new_batch(), description=desc) for kind, desc in [
         ("dpo", "DPO pairs in TRL's conversational preference format: the unguided prompt, a guided or unguided "
                 "success as chosen, an unguided failure as rejected."),
         ("actguide", "ActGuide groups: unguided and guided prompt, reference actions, K and k*, every attempt."),
@@ -146,9 +152,12 @@ def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
     return tables
 
 
-@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in DATASET_KINDS])
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[f"{k}_dataset" for k in DATASET_KINDS],
+          automation_condition=after_new_batch(), freshness_policy=dg.FreshnessPolicy.time_window(
+              fail_window=EXPORT_FRESHNESS, warn_window=EXPORT_FRESHNESS - timedelta(hours=6)))
 def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
-    """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram."""
+    """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram; a
+    release named by the batch when its rows differ from the last release's (pipeline/datasets/release.py)."""
     config, batch = settings.resolved(), settings.batch_name(context)
     plans = [pl.read_parquet(f) for f in settings.layout().guidance_files()]
     folder = settings.layout().export()
@@ -158,13 +167,16 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
                                      pairs_by_origin(dpo["chosen_source"].to_list() if dpo.height else []))
     for old in unread:
         context.log.warning(f"batch {old}: guidance of an older contract, its teacher cost is left out of `costs`")
+    held = quarantined(read_rechecks(settings.layout().rechecks()), config.quarantine.readmit)
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
                                      checks=manifest_checks(read_manifest(settings.layout().dataset_rows())),
-                                     costs=tuple(costs),
-                                     quarantine=tuple(quarantined(read_rechecks(settings.layout().rechecks()),
-                                                                  config.quarantine.readmit).values())),
+                                     costs=tuple(costs), quarantine=tuple(held.values())),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
+    release = cut_release(folder, settings.layout().releases(), Provenance(
+        batch, quarantined=tuple(held), evaluation=evaluation_numbers(settings.layout().latest_pass_at_1()),
+        code_version=code_version(CHECKOUT), settings_sha256=settings_sha256(config), repo_id=config.publish.repo_id))
+    context.log.info(release.describe())
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []
     pictures = {"pass_rate_by_guidance_kind": dg.MetadataValue.md(
@@ -176,6 +188,9 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
                                                                           "k*/K"))
     return dg.MaterializeResult(metadata={
         "path": str(folder), "rows": report.rows, "files": len(report.files), "empty": list(report.empty),
+        "release": release.release.name, "new_release": release.new, "release_folder": str(release.folder),
+        "rows_sha256": release.release.content_sha256,
+        "release_changes": {f"{c.config}/{c.split}": f"+{c.added} -{c.removed}" for c in release.release.changes},
         "rows_moved_to_task_split": moved,
         "costs": dg.MetadataValue.md(cost_markdown(costs)), "cost": cost_totals(costs)["cost"],
         "load_with": f'datasets.load_dataset("{folder}", "dpo")', **pictures})
@@ -189,10 +204,11 @@ def export_has_no_secrets(settings: HandholdSettings) -> dg.AssetCheckResult:
                                                               "tables": sorted(tables)})
 
 
-@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[dataset_export])
+@dg.asset(group_name="datasets", kinds={"huggingface"}, deps=[dataset_export], automation_condition=after_new_batch())
 def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSettings,
                     credentials: Credentials) -> dg.MaterializeResult:
-    """The exported folder pushed to the Hub as one commit; skipped, saying why, without a repo or a token."""
+    """The release pushed to the Hub as one commit tagged with its name, or nothing when that tag is there;
+    skipped, saying why, without a repo or a token."""
     config, batch = settings.resolved().publish, settings.batch_name(context)
     token = credentials.hub_token or os.environ.get("HF_TOKEN", "")
     if not config.repo_id or not (token or config.dry_run):
@@ -200,8 +216,11 @@ def hub_publication(context: dg.AssetExecutionContext, settings: HandholdSetting
         context.log.info(f"publication skipped: {why}")
         return dg.MaterializeResult(metadata={"published": False, "skipped": why})
     result = publish_dataset(settings.layout().export(), config, run_id=batch, token=token)
+    if result.unchanged:
+        context.log.info(result.describe())
     return dg.MaterializeResult(metadata={
-        "published": not result.dry_run, "repo_id": result.repo_id, "revision": result.revision,
+        "published": not result.dry_run and not result.unchanged, "unchanged": result.unchanged, "tag": result.tag,
+        "repo_id": result.repo_id, "revision": result.revision,
         "private": result.private, "files": len(result.files), "bytes": result.total_bytes,
         "commit": result.commit_url or "(dry run)"})
 

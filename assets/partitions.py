@@ -1,9 +1,11 @@
 """Batches as Dagster partitions, and the automation that adds them: the nightly schedule and the sensor
-that notices a new task source.
+that notices a new task source, each starting a run of the `batch` job; and the declarative automation that
+brings everything after a batch up to date.
 
 The rollout stages (unguided rollouts, guidance, guided rollouts) are partitioned by batch: one failed
 batch re-runs alone, and a nightly run adds a partition without touching the old ones. Everything
-downstream (datasets, training, evaluation) is unpartitioned and reads every batch on disk.
+downstream (datasets, export, publication, training, evaluation) is unpartitioned, reads every batch on
+disk, and carries `after_new_batch()`: the automation sensor requests it once its inputs have updated.
 """
 
 import os
@@ -30,13 +32,40 @@ def ensure_batch(instance: dg.DagsterInstance, key: str) -> str:
     return key
 
 
+BATCH_STAGES = dg.AssetSelection.assets("guided_rollouts").upstream()  # what a batch run materializes
+
+
+def batch_job():
+    """The day's batch: new tasks and their environments, unguided rollouts, guidance, guided rollouts."""
+    return dg.define_asset_job("batch", selection=BATCH_STAGES,
+                               description="One batch: tasks, environments, unguided rollouts, guidance, guided "
+                                           "rollouts. The automation sensor brings everything after it up to date.")
+
+
+def after_new_batch() -> dg.AutomationCondition:
+    """Dagster's eager condition (requested when a dependency updated, not while one is in progress), except
+    that a missing dependency does not hold it back: a batch that failed and was never re-run would otherwise
+    leave an unpartitioned asset reading every batch waiting on that partition forever."""
+    return dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing()).with_label(
+        "after_new_batch")
+
+
+def automation_sensor() -> dg.AutomationConditionSensorDefinition:
+    """Evaluates the assets' automation conditions; off until a user switches it on, like the other sensors."""
+    return dg.AutomationConditionSensorDefinition(
+        "automation", target=dg.AssetSelection.all(), default_status=dg.DefaultSensorStatus.STOPPED,
+        minimum_interval_seconds=30,
+        description="Requests the datasets, export, publication, training and evaluation once a batch's rollouts "
+                    "(or anything else they read) have updated.")
+
+
 def nightly_schedule(job) -> dg.ScheduleDefinition:
-    """At NIGHTLY_CRON (UTC), add that day's batch partition and run the whole graph for it."""
+    """At NIGHTLY_CRON (UTC), add that day's batch partition and run `job` (the batch stages) for it."""
 
     @dg.schedule(name="nightly", job=job, cron_schedule=os.environ.get("HANDHOLD_NIGHTLY_CRON", NIGHTLY_CRON),
                  execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.STOPPED,
-                 description="A new batch every night: new tasks, rollouts, guidance, datasets, training, "
-                             "evaluation, and publication when configured.")
+                 description="A new batch every night: new tasks, rollouts, guidance; the automation sensor "
+                             "then builds the datasets, release, training and evaluation from it.")
     def nightly(context: dg.ScheduleEvaluationContext):
         key = ensure_batch(context.instance, batch_key(now=context.scheduled_execution_time))
         return dg.RunRequest(run_key=key, partition_key=key)

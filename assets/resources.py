@@ -72,11 +72,15 @@ class _Settings(dg.ConfigurableResource):
         return Layout(Path(self.data_dir), Path(self.cache_dir) if self.cache_dir else None)
 
     def batch_name(self, context) -> str:
-        """The run's batch partition; else `batch`; else the UTC date the run was created (the same for
+        """The run's batch partition; else `batch`; else the newest batch with stored attempts (what a run the
+        automation started after a batch builds on); else the UTC date the run was created (the same for
         every asset of a run)."""
         partition = context.run.tags.get("dagster/partition")
         if partition or self.batch:
             return partition or self.batch
+        newest = self.layout().newest_batch()
+        if newest:
+            return newest
         record = context.instance.get_run_record_by_id(context.run_id)
         created = record.create_timestamp if record else datetime.now(timezone.utc)
         return created.strftime("%Y-%m-%d")

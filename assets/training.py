@@ -6,18 +6,22 @@ metrics, the loss curve.
 """
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
 
+from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
 from pipeline.costs import CostConfig
+from pipeline.datasets.release import dataset_identity
 from pipeline.pictures import markdown_image
 from training.common import read_run, starting_model
 from training.launch import launch
 
 STAGES = ("sft", "dpo", "actguide")
+EVALUATION_FRESHNESS = timedelta(hours=36)  # the nightly evaluation, after training, may finish later than the export
 HEADLINE = ("steps", "rows", "rows_trained", "trajectories", "guided_trajectories", "groups", "first_loss",
             "final_loss", "final_token_accuracy", "final_reward_margin", "final_reward_accuracy", "rows_truncated", "tokens_per_second", "forward_share",
             "seconds", "adapter")
@@ -36,33 +40,35 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
     layout = settings.layout()
     model = starting_model(config.model, layout)
     dataset, out = layout.export(), run_dir(settings, context, stage)
+    read = dataset_identity(dataset)  # before training: the folder the run reads, whatever a later night writes
     reported = launch(context, config, stage, model, dataset, out, layout.root)
+    (out / "dataset.json").write_text(json.dumps(read, indent=2))  # the run folder is emptied when it starts
     summary, metrics = read_run(out)
     last = metrics[-5:]
     columns = sorted({k for row in last for k in row if isinstance(row[k], float)})
     table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     table += ["| " + " | ".join(f"{row.get(c, float('nan')):.4g}" for c in columns) + " |" for row in last]
     return dg.MaterializeResult(metadata={
-        **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None},
+        **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None}, **read,
         "checkpoint": dg.MetadataValue.path(str(out / "checkpoint")), "starting_model": model,
         "launcher": config.launcher, "metrics": dg.MetadataValue.path(str(out / "metrics.jsonl")),
         "last_steps": dg.MetadataValue.md("\n".join(table)),
         "loss_curve": dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "loss"))})
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())
 def sft_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy fine-tuned (TRL's SFTTrainer) on the `sft` train split, loss on the assistant's tokens."""
     return train_stage(context, settings, "sft")
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())
 def dpo_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy trained by offline DPO (TRL) on the `dpo` train split, tool observations masked."""
     return train_stage(context, settings, "dpo")
 
 
-@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"])
+@dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())
 def actguide_model(context: dg.AssetExecutionContext, settings: HandholdSettings) -> dg.MaterializeResult:
     """The starting policy trained by ActGuide's mixed-policy objective on the `actguide` train split."""
     return train_stage(context, settings, "actguide")
@@ -79,7 +85,8 @@ def evaluation_policy(label: str, path: str, evaluation, credentials: Credential
 
 
 @dg.asset(group_name="evaluation", kinds={"docker", "parquet"}, deps=["sft_model", "dpo_model", "actguide_model"],
-          pool="sandboxes")
+          pool="sandboxes", automation_condition=after_new_batch(), freshness_policy=dg.FreshnessPolicy.time_window(
+              fail_window=EVALUATION_FRESHNESS, warn_window=EVALUATION_FRESHNESS - timedelta(hours=6)))
 @retried_on_infra
 def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
@@ -110,14 +117,15 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
     trained = trained_tasks(tasks, config.datasets.test_fraction, sft_task_ids(layout.export()), evaluation.train_tasks)
     results = [evaluate_model(context, label, path, held_out, trained, rollout, layout, batch, evaluation,
                               credentials, config.costs) for label, path in models.items()]
-    report = {"tasks": task_batch(held_out), "trained_tasks": task_batch(trained),
+    read = dataset_identity(layout.export())
+    report = {"dataset": read, "tasks": task_batch(held_out), "trained_tasks": task_batch(trained),
               "test_fraction": config.datasets.test_fraction,
               "attempts_per_task": evaluation.attempts, "temperature": evaluation.temperature,
               "interval": INTERVAL, "results": results}
     out = layout.pass_at_1(batch)
     out.write_text(json.dumps(report, indent=2))
     return dg.MaterializeResult(metadata={
-        "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"],
+        "held_out_tasks": len(held_out), "tasks_sha256": report["tasks"]["sha256"], **read,
         "attempts_per_task": evaluation.attempts, "interval": INTERVAL,
         "trained_tasks": len(trained), **{f"pass@1/{r['model']}": r["pass@1"] for r in results},
         **{f"trained_pass@1/{r['model']}": r["trained"]["pass@1"] for r in results if r["trained"]["tasks"]},

@@ -26,6 +26,9 @@ python_logs:
   python_log_level: INFO
 telemetry:
   enabled: false
+# The daemon checks the freshness policies (the export and the evaluation): a missed night shows as failing.
+freshness:
+  enabled: true
 # At most {limit} steps of the `sandboxes` pool (rollouts, guidance, evaluation) run at once, across
 # all runs; the others wait. It is the graph's only pool. {env}=N before `handhold` or
 # `make dev` sets another limit.

@@ -123,6 +123,11 @@ class Layout:
         origins = [origin] if origin else ["unguided", "guided"]
         return sorted(f for o in origins for f in self._at("trajectories", o).glob("*/trajectories.parquet"))
 
+    def newest_batch(self) -> str:
+        """The batch whose attempts were stored last ('' before any)."""
+        files = self.trajectory_files()
+        return max(files, key=lambda f: f.stat().st_mtime_ns).parent.name if files else ""
+
     def batch_names(self) -> list[str]:
         """Batches with stored attempts of any origin, in name order."""
         root = self.root / "trajectories"
@@ -156,6 +161,9 @@ class Layout:
     def export(self) -> Path:
         return self._at("datasets", "hf")
 
+    def releases(self) -> Path:
+        return self._at("datasets", "releases")
+
     def training_run(self, stage: str, batch: str) -> Path:
         return self._at("models", stage, batch)
 
@@ -167,3 +175,8 @@ class Layout:
 
     def pass_at_1(self, batch: str) -> Path:
         return self._at("evaluation", batch, "pass_at_1.json")
+
+    def latest_pass_at_1(self) -> Path | None:
+        """The evaluation report written last; None before any."""
+        reports = sorted(self._at("evaluation").glob("*/pass_at_1.json"), key=lambda p: p.stat().st_mtime_ns)
+        return reports[-1] if reports else None

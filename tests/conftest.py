@@ -91,3 +91,14 @@ class _LocksAnew(pickle.Pickler):
 @pytest.fixture(scope="session")
 def toolz_task(synth_run) -> Task:
     return synth_run[0][0]
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """The loopback Hub is reachable even where the environment sets HF_HUB_OFFLINE, and nothing else is
+    asked: huggingface_hub otherwise fetches its agent-harness registry from huggingface.co (no token)."""
+    import huggingface_hub.constants
+    from huggingface_hub.utils import _detect_agent
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(_detect_agent, "_registry", {"standardEnvVars": [], "harnesses": {}}, raising=False)

@@ -1,4 +1,5 @@
-"""A loopback Hugging Face Hub for tests: the endpoints huggingface_hub 2.x calls to publish.
+"""A loopback Hugging Face Hub for tests: the endpoints huggingface_hub 2.x calls to publish, and those
+`datasets.load_dataset(repo, config, revision=...)` reads a dataset through.
 
 Routes, with the bodies huggingface_hub sends (read from hf_api.py and _commit_api.py):
 
@@ -10,6 +11,13 @@ Routes, with the bodies huggingface_hub sends (read from hf_api.py and _commit_a
                                                      content inline), "deletedFile", "deletedFolder"
     GET  /api/<type>s/<repo_id>[/revision/<rev>]     repo_info: create_repo(exist_ok) asks it after a
                                                      401/402/403, create_commit after an empty commit
+    POST /api/<type>s/<repo_id>/tag/<rev>            {"tag", "message"?}           (create_tag)
+    GET  /api/<type>s/<repo_id>/refs                 branches and tags             (list_repo_refs)
+    GET  /api/<type>s/<repo_id>/tree/<rev>[/<path>]  files and folders below path  (list_repo_tree)
+    POST /api/<type>s/<repo_id>/paths-info/<rev>     form paths=...                (get_paths_info)
+    HEAD|GET /<type>s/<repo_id>/resolve/<rev>/<path> a file's bytes, X-Repo-Commit and ETag (hf_hub_download)
+
+A revision is a branch, a tag or a commit id.
 
 Preupload answers every file 'regular', so huggingface_hub sends it inline in the commit and no
 LFS or Xet transfer happens; an 'lfsFile' line is refused with 400. A new repo gets an initial
@@ -31,13 +39,16 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
 from tests.loopback import ThreadedServer
 
-REPO_ROUTE = re.compile(r"^/api/(model|dataset|space)s/(.+?)/(branch|preupload|commit)/([^/]+)$")
+REPO_ROUTE = re.compile(r"^/api/(model|dataset|space)s/(.+?)/(branch|preupload|commit|tag|paths-info)/([^/]+)$")
+REFS_ROUTE = re.compile(r"^/api/(model|dataset|space)s/([^/]+/[^/]+)/refs$")
+TREE_ROUTE = re.compile(r"^/api/(model|dataset|space)s/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$")
+RESOLVE_ROUTE = re.compile(r"^/(?:(dataset|space)s/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 INFO_ROUTE = re.compile(r"^/api/(model|dataset|space)s/([^/]+/[^/]+|[^/]+)(?:/revision/([^/]+))?$")
 GITATTRIBUTES = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n*.png filter=lfs diff=lfs merge=lfs -text\n"
 
@@ -50,7 +61,8 @@ class HubRequest:
     path: str
     """URL path, still quoted."""
     route: str
-    """'create_repo', 'branch', 'validate_yaml', 'preupload', 'commit', 'repo_info', or '' (no route)."""
+    """'create_repo', 'branch', 'validate_yaml', 'preupload', 'commit', 'repo_info', 'tag', 'refs', 'tree',
+    'paths-info', 'resolve', or '' (no route)."""
     headers: dict[str, str]
     """Lower-case names."""
     body: bytes
@@ -76,9 +88,18 @@ class Repo:
     private: bool
     branches: dict[str, list[Commit]] = field(default_factory=dict)
     """Branch -> its commits, oldest first."""
+    tags: dict[str, Commit] = field(default_factory=dict)
+
+    def commit(self, revision: str) -> Commit | None:
+        """The commit a branch, tag or commit id names; None for none."""
+        if revision in self.branches:
+            return self.branches[revision][-1]
+        if revision in self.tags:
+            return self.tags[revision]
+        return next((c for cs in self.branches.values() for c in cs if c.oid == revision), None)
 
     def files(self, revision: str = "main") -> dict[str, bytes]:
-        return self.branches[revision][-1].tree
+        return self.commit(revision).tree
 
     def commits(self, revision: str = "main") -> list[Commit]:
         return self.branches[revision]
@@ -131,6 +152,8 @@ class HubServer(ThreadedServer):
             return _validate_yaml(json.loads(request.body))
         if request.route == "repo_info":
             return self._repo_info(INFO_ROUTE.match(path))
+        if request.route in ("refs", "tree", "resolve"):
+            return self._read(request.route, path)
         match = REPO_ROUTE.match(path)
         if match is None:
             self.unhandled.append(f"{request.method} {request.path}")
@@ -142,6 +165,14 @@ class HubServer(ThreadedServer):
             return _error(404, "Repository not found", code="RepoNotFound")
         if action == "branch":
             return self._create_branch(repo, revision, json.loads(request.body or b"{}"))
+        if action == "tag":
+            return self._create_tag(repo, revision, json.loads(request.body))
+        if action == "paths-info":
+            commit = repo.commit(revision)
+            if commit is None:
+                return _error(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
+            paths = parse_qs(request.body.decode()).get("paths", [])
+            return 200, [e for p in paths for e in _entries(commit, p.strip("/"), False, itself=True)], {}
         if revision not in repo.branches:
             return _error(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
         if action == "preupload":
@@ -168,11 +199,42 @@ class HubServer(ThreadedServer):
         repo = self.repos.get(f"{kind}s/{repo_id}")
         if repo is None:
             return _error(404, "Repository not found", code="RepoNotFound")
-        if revision not in repo.branches:
+        head = repo.commit(revision)
+        if head is None:
             return _error(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
-        head = repo.branches[revision][-1]
         return 200, {"id": repo_id, "private": repo.private, "sha": head.oid,
                      "siblings": [{"rfilename": path} for path in sorted(head.tree)]}, {}
+
+    def _create_tag(self, repo: Repo, revision: str, body: dict) -> tuple[int, dict, dict[str, str]]:
+        commit = repo.commit(revision)
+        if commit is None:
+            return _error(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
+        if body["tag"] in repo.tags:
+            return _error(409, f"Reference already exists: refs/tags/{body['tag']}")
+        repo.tags[body["tag"]] = commit
+        return 200, {}, {}
+
+    def _read(self, route: str, path: str) -> tuple[int, object, dict[str, str]]:
+        """refs, tree and resolve: what reading a repo asks."""
+        match = {"refs": REFS_ROUTE, "tree": TREE_ROUTE, "resolve": RESOLVE_ROUTE}[route].match(path)
+        kind = match.group(1) or "model"
+        repo = self.repos.get(f"{kind}s/{unquote(match.group(2))}")
+        if repo is None:
+            return _error(404, "Repository not found", code="RepoNotFound")
+        if route == "refs":
+            return 200, {"branches": [_ref("heads", n, cs[-1]) for n, cs in repo.branches.items()], "converts": [],
+                         "tags": [_ref("tags", n, c) for n, c in repo.tags.items()]}, {}
+        revision = unquote(match.group(3))
+        commit = repo.commit(revision)
+        if commit is None:
+            return _error(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
+        if route == "tree":
+            return 200, _entries(commit, unquote(match.group(4) or "").strip("/"), "recursive=true" in path), {}
+        file = unquote(match.group(4))
+        if file not in commit.tree:
+            return _error(404, f"Entry not found: {file}", code="EntryNotFound")
+        content = commit.tree[file]
+        return 200, content, {"X-Repo-Commit": commit.oid, "ETag": f'"{hashlib.sha1(content).hexdigest()}"'}
 
     def _create_branch(self, repo: Repo, branch: str, body: dict) -> tuple[int, dict, dict[str, str]]:
         if branch in repo.branches:
@@ -207,6 +269,36 @@ class HubServer(ThreadedServer):
         prefix = f"{self.url}/{repo.repo_type}s" if repo.repo_type != "model" else self.url
         return 200, {"success": True, "commitOid": commit.oid, "hookOutput": "",
                      "commitUrl": f"{prefix}/{repo.repo_id}/commit/{commit.oid}"}, {}
+
+
+def _entries(commit: Commit, folder: str, recursive: bool, itself: bool = False) -> list[dict]:
+    """The tree entries under `folder` ('' the root), as the Hub lists them; `itself`: the entry of that path."""
+    if itself:
+        if folder in commit.tree:
+            return [_file_entry(folder, commit.tree[folder])]
+        below = [p for p in commit.tree if p.startswith(folder + "/")]
+        return [_folder_entry(folder)] if below else []
+    prefix = folder + "/" if folder else ""
+    files, folders = [], set()
+    for path in sorted(p for p in commit.tree if p.startswith(prefix)):
+        parts = path[len(prefix):].split("/")
+        if len(parts) == 1 or recursive:
+            files.append(_file_entry(path, commit.tree[path]))
+        for depth in range(1, len(parts) if recursive else min(len(parts), 2)):
+            folders.add(prefix + "/".join(parts[:depth]))
+    return [_folder_entry(f) for f in sorted(folders)] + files
+
+
+def _file_entry(path: str, content: bytes) -> dict:
+    return {"type": "file", "oid": hashlib.sha1(content).hexdigest(), "size": len(content), "path": path}
+
+
+def _folder_entry(path: str) -> dict:
+    return {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "path": path}
+
+
+def _ref(kind: str, name: str, commit: Commit) -> dict:
+    return {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": commit.oid}
 
 
 def _make_commit(parent: str | None, summary: str, description: str, tree: dict[str, bytes],
@@ -249,9 +341,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(*self.owner.handle(request))
 
     def do_GET(self) -> None:
-        route = "repo_info" if INFO_ROUTE.match(urlsplit(self.path).path) else ""
-        request = HubRequest("GET", self.path, route, {k.lower(): v for k, v in self.headers.items()}, b"")
+        path = urlsplit(self.path).path
+        route = next((name for name, pattern in (("repo_info", INFO_ROUTE), ("refs", REFS_ROUTE), ("tree", TREE_ROUTE),
+                                                 ("resolve", RESOLVE_ROUTE)) if pattern.match(path)), "")
+        request = HubRequest(self.command, self.path, route, {k.lower(): v for k, v in self.headers.items()}, b"")
         self._send(*self.owner.handle(request))
+
+    do_HEAD = do_GET
 
     def _body(self) -> bytes:
         if self.headers.get("transfer-encoding", "").lower() == "chunked":
@@ -263,13 +359,16 @@ class _Handler(BaseHTTPRequestHandler):
             return b"".join(chunks)
         return self.rfile.read(int(self.headers.get("content-length") or 0))
 
-    def _send(self, status: int, payload: dict, headers: dict[str, str]) -> None:
-        data = json.dumps(payload).encode()
+    def _send(self, status: int, payload: object, headers: dict[str, str]) -> None:
+        raw = isinstance(payload, bytes)  # a file's content, as resolve serves it
+        data = payload if raw else json.dumps(payload).encode()
         self.send_response(status)
-        for name, value in {"content-type": "application/json", "content-length": str(len(data)), **headers}.items():
+        kind = "application/octet-stream" if raw else "application/json"
+        for name, value in {"content-type": kind, "content-length": str(len(data)), **headers}.items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def log_message(self, *args: object) -> None:
         pass

@@ -1,5 +1,6 @@
-"""The nightly schedule and the new-task-source sensor (in Dagster's test contexts, and one real daemon tick), and
-the retries of infrastructure errors."""
+"""The nightly schedule and the new-task-source sensor (in Dagster's test contexts, and one real daemon tick), the
+declarative automation after a batch (evaluated over an instance, and one real daemon tick), the freshness
+policies, and the retries of infrastructure errors."""
 
 from __future__ import annotations
 
@@ -12,21 +13,26 @@ import subprocess
 import sys
 import time
 import types
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import dagster as dg
 import docker
 import pytest
+import yaml
 
 from assets.definitions import definitions
-from assets.partitions import BATCHES, batch_key
+from assets.partitions import BATCHES, batch_key, ensure_batch
 from assets.resources import retry_on_infra
 from pipeline.agent.policy import PolicyError
 from sandbox.base import SandboxError
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = '{"instance_id": "x"}\n'
+BATCH = ("sandbox_base_image", "task_sources", "environment_images", "tasks", "unguided_rollouts", "guidance",
+         "guided_rollouts")
+AFTER_BATCH = ("dpo_dataset", "actguide_dataset", "sft_dataset", "dataset_export", "hub_publication", "sft_model",
+               "dpo_model", "actguide_model", "policy_evaluation")
 
 
 @pytest.fixture
@@ -40,10 +46,11 @@ def stack():
         yield stack
 
 
-def test_the_nightly_schedule_adds_the_day_s_batch_and_runs_the_whole_graph(defs, stack):
+def test_the_nightly_schedule_adds_the_day_s_batch_and_runs_only_the_batch_stages(defs, stack):
     schedule = defs.resolve_schedule_def("nightly")
     assert schedule.cron_schedule == "0 2 * * *" and schedule.execution_timezone == "UTC"
-    assert schedule.job_name == "main"
+    assert schedule.job_name == "batch" and schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert {k.to_user_string() for k in defs.resolve_job_def("batch").asset_layer.executable_asset_keys} == set(BATCH)
     instance = stack.enter_context(dg.instance_for_test())
     context = dg.build_schedule_context(instance=instance,
                                         scheduled_execution_time=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc))
@@ -89,9 +96,7 @@ def test_one_real_daemon_tick_queues_a_run_for_a_new_source(tmp_path):
     dagster = str(Path(sys.executable).with_name("dagster"))
     subprocess.run([dagster, "sensor", "start", "new_task_source", "-m", "assets.definitions"], cwd=ROOT, env=env,
                    check=True, capture_output=True, timeout=120)
-    daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-m",
-                               "assets.definitions"], cwd=ROOT, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = _daemon(home, env)
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:
             deadline = time.monotonic() + 120
@@ -102,16 +107,113 @@ def test_one_real_daemon_tick_queues_a_run_for_a_new_source(tmp_path):
             assert runs, "the daemon requested no run within 120 s"
             (run,) = runs
             key = f"{batch_key()}-swe"
-            assert run.tags["dagster/partition"] == key and run.job_name == "main"
+            assert run.tags["dagster/partition"] == key and run.job_name == "batch"
             assert run.status == dg.DagsterRunStatus.QUEUED
             assert instance.get_dynamic_partitions(BATCHES.name) == [key]
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()
+        _stop(daemon)
+
+
+def test_everything_after_a_batch_carries_the_automation_and_its_sensor_is_off(defs):
+    graph = defs.resolve_asset_graph()
+    conditions = {key.to_user_string(): graph.get(key).automation_condition for key in graph.get_all_asset_keys()}
+    assert {k for k, c in conditions.items() if c is not None} == set(AFTER_BATCH)
+    assert all(conditions[k].get_label() == "after_new_batch" for k in AFTER_BATCH)
+    sensor = defs.resolve_sensor_def("automation")
+    assert isinstance(sensor, dg.AutomationConditionSensorDefinition)
+    assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    assert {s.name: s.default_status for s in defs.sensors if s.name != "automation"} == {
+        "new_task_source": dg.DefaultSensorStatus.STOPPED, "run_failure_report": dg.DefaultSensorStatus.STOPPED}
+
+
+def _materialize_batch(instance: dg.DagsterInstance, key: str) -> None:
+    """What a finished batch run leaves in the instance: its partition and its rollout stages' materializations."""
+    ensure_batch(instance, key)
+    for asset in ("unguided_rollouts", "guidance", "guided_rollouts"):
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset, partition=key))
+
+
+def _requested(result) -> dict[str, int]:
+    return {r.key.to_user_string(): r.true_subset.size for r in result.results if r.true_subset.size}
+
+
+def test_a_materialized_batch_brings_everything_after_it_up_to_date(defs, stack):
+    instance = stack.enter_context(dg.instance_for_test())
+    ensure_batch(instance, "2026-11-30")  # a batch that failed and was never re-run: it holds nothing back
+    quiet = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+    assert quiet.total_requested == 0
+    _materialize_batch(instance, "2026-12-01")
+    night = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=quiet.cursor)
+    assert _requested(night) == {key: 1 for key in AFTER_BATCH}  # the whole chain, in one tick
+    settled = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=night.cursor)
+    assert settled.total_requested == 0  # requested once, not again on the next tick
+
+
+def test_the_export_and_the_evaluation_say_how_old_they_may_be(defs, tmp_path, monkeypatch):
+    from assets.datasets import EXPORT_FRESHNESS
+    from assets.training import EVALUATION_FRESHNESS
+    from pipeline.instance import ensure_dagster_home
+
+    graph = defs.resolve_asset_graph()
+    policies = {k.to_user_string(): graph.get(k).freshness_policy for k in graph.get_all_asset_keys()
+                if graph.get(k).freshness_policy is not None}
+    assert set(policies) == {"dataset_export", "policy_evaluation"}
+    assert policies["dataset_export"].fail_window.to_timedelta() == EXPORT_FRESHNESS == timedelta(hours=30)
+    assert policies["policy_evaluation"].fail_window.to_timedelta() == EVALUATION_FRESHNESS
+    assert all(p.warn_window.to_timedelta() < p.fail_window.to_timedelta() for p in policies.values())
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    home = ensure_dagster_home()
+    assert yaml.safe_load((home / "dagster.yaml").read_text())["freshness"] == {"enabled": True}
+    with dg.DagsterInstance.from_config(str(home)) as instance:  # Dagster takes the file as it is
+        assert instance.freshness_enabled
+
+
+def _daemon(home: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-m", "assets.definitions"],
+                            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _stop(daemon: subprocess.Popen) -> None:
+    os.killpg(daemon.pid, signal.SIGTERM)
+    try:
+        daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+
+
+def _wait(what: str, found, seconds: float = 150):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if value := found():
+            return value
+        time.sleep(2)
+    raise AssertionError(f"{what} within {seconds} s")
+
+
+def test_one_real_daemon_tick_of_the_switched_on_automation_requests_what_follows_a_batch(tmp_path):
+    """The user switches the automation sensor on; after its first tick a batch finishes; the daemon's next tick
+    queues one run of everything after it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("run_queue:\n  max_concurrent_runs: 0\ntelemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "HANDHOLD_DATA_DIR": str(tmp_path / "data")}
+    subprocess.run([str(Path(sys.executable).with_name("dagster")), "sensor", "start", "automation", "-m",
+                    "assets.definitions"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    daemon = _daemon(home, env)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            (state,) = [s for s in instance.all_instigator_state() if s.instigator_name == "automation"]
+            ticks = lambda: instance.get_ticks(state.instigator_origin_id, state.selector_id)  # noqa: E731
+            _wait("the automation sensor ticked", lambda: [t for t in ticks() if t.status.value != "STARTED"])
+            assert not instance.get_runs()  # nothing before a batch
+            _materialize_batch(instance, "2026-12-01")
+            (run,) = _wait("the daemon requested a run", instance.get_runs)
+            assert {k.to_user_string() for k in run.asset_selection} == set(AFTER_BATCH)
+            assert run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED)
+    finally:
+        _stop(daemon)
 
 
 @pytest.mark.parametrize("error, retried", [(SandboxError("container died"), True),

@@ -72,16 +72,6 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path / "export"
 
 
-@pytest.fixture
-def online(monkeypatch):
-    """The loopback Hub is reachable even where the environment sets HF_HUB_OFFLINE, and nothing else is
-    asked: huggingface_hub otherwise fetches its agent-harness registry from huggingface.co (no token)."""
-    from huggingface_hub.utils import _detect_agent
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(_detect_agent, "_registry", {"standardEnvVars": [], "harnesses": {}}, raising=False)
-
-
 def _log_everything(caplog, monkeypatch) -> None:
     """Capture every logger at DEBUG, huggingface_hub's curl lines (HF_DEBUG) included."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_DEBUG", True)

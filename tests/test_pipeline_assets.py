@@ -122,6 +122,10 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     report = json.loads((tmp_path / "data/evaluation/test/pass_at_1.json").read_text())
     tasks = [Task.from_row(r) for r in read_records(tmp_path / "data/tasks/tasks.parquet", TASK_SCHEMA)]
     assert report["tasks"]["instance_ids"] == [t.instance_id for t in tasks] and report["temperature"] == 0.0
+    release = json.loads((tmp_path / "data/datasets/hf/release.json").read_text())  # cut by the export
+    assert report["dataset"]["dataset_release"] == scores["dataset_release"].value == release["name"] == "test"
+    assert scores["dataset_sha256"].value == release["content_sha256"] == meta["dataset_export"]["rows_sha256"].value
+    assert meta["dpo_model"]["dataset_release"].value == "test"  # what training read, beside what was evaluated
     results = report["results"]
     assert [r["model"] for r in results] == ["starting", "sft", "dpo", "actguide"]
     for r in results:

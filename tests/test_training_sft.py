@@ -4,6 +4,7 @@ the asset launched through Pipes."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import dagster as dg
 import pytest
@@ -15,6 +16,7 @@ from assets.training import sft_model
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
+from pipeline.datasets.release import Provenance, cut_release
 from tests.test_datasets_build import TASK_T1, traj
 from training.common import read_run
 from training.config import LoraSettings, SFTTrainingConfig
@@ -103,8 +105,8 @@ def test_sft_with_lora_saves_an_adapter_that_loads(folder, tiny, tmp_path):
 def test_the_sft_asset_launched_through_pipes_reports_its_steps(folder, tiny, tmp_path):
     """`training.launcher: pipes`: `accelerate launch ... -m training.run sft` in its own process."""
     data = tmp_path / "data"
-    (data / "datasets").mkdir(parents=True)
-    (data / "datasets" / "hf").symlink_to(folder)
+    shutil.copytree(folder, data / "datasets" / "hf")
+    release = cut_release(data / "datasets" / "hf", data / "datasets" / "releases", Provenance("night-1")).release
     settings = HandholdSettings(data_dir=str(data), batch="b1", training={
         "model": tiny, "launcher": "pipes", "sft": {"learning_rate": 1e-3, "per_device_batch_size": 8,
                                                     "gradient_accumulation_steps": 1, "max_steps": 2}})
@@ -116,5 +118,9 @@ def test_the_sft_asset_launched_through_pipes_reports_its_steps(folder, tiny, tm
     assert meta["launcher"].value == "pipes" and meta["stage"].value == "sft"  # reported by the subprocess
     assert meta["steps"].value == 2 and meta["checkpoint"].value.endswith("models/sft/b1/checkpoint")
     assert meta["rows"].value == 4 and meta["loss_curve"].value.startswith("![loss](data:image/png;base64,")
+    read = {"dataset_release": "night-1", "dataset_build": "night-1", "dataset_sha256": release.content_sha256,
+            "dataset_path": str(data / "datasets" / "hf")}  # which release it trained on, in the UI and its folder
+    assert {k: meta[k].value for k in read} == read
+    assert json.loads((data / "models" / "sft" / "b1" / "dataset.json").read_text()) == read
     logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert sum("sft step {" in message for message in logs) == 2

@@ -88,14 +88,14 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         f"---\n{card_header(card, rows, sizes).to_yaml()}\n---\n",
         f"# {card.pretty_name}\n\n{card.description or 'Training data for software-engineering agents.'}\n\n"
         f"Built by the handhold pipeline, run `{card.run_id}`.",
-        "## Rows\n\n" + _table(["config", "split", "rows"],
+        "## Rows\n\n" + markdown_table(["config", "split", "rows"],
                                 [[c, s, n] for c, by_split in rows.items() for s, n in by_split.items()]),
         _rates_section(trajectories),
         _guidance_checks_section(card.checks, splits),
         costs_card_section(card.costs),
         _histogram_section(histogram),
         _quarantine_section(card.quarantine),
-        "## Sources\n\n" + _table(["source", "version", "licence", "url"], [
+        "## Sources\n\n" + markdown_table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
         _loading_section(card.repo_id, list(rows)),
     ]
@@ -108,7 +108,7 @@ def _concat(by_split: dict[str, pa.Table], columns: tuple[str, ...]) -> pl.DataF
     return pl.from_arrow(pa.concat_tables(tables, promote_options="permissive")) if tables else None
 
 
-def _table(headers: list[str], rows: list[list[object]]) -> str:
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     """A Markdown table; floats as percentages."""
     def cell(v: object) -> str:
         return f"{v:.1%}" if isinstance(v, float) else str(v).replace("|", "\\|")
@@ -121,9 +121,9 @@ def _rates_section(trajectories: pl.DataFrame | None) -> str:
         return "## Pass rates\n\nNo graded trajectories in this export."
     passes, recovery = pass_rates(trajectories), recovery_rates(trajectories)
     return ("## Pass rates\n\nBy guidance kind, over attempts without an infrastructure error.\n\n"
-            + _table(passes.columns, passes.rows()) + "\n\n## Recovery rates\n\n"
+            + markdown_table(passes.columns, passes.rows()) + "\n\n## Recovery rates\n\n"
             "Of the tasks no unguided attempt resolved, the share some attempt under each guidance kind "
-            "resolved (among those tried under it).\n\n" + _table(recovery.columns, recovery.rows()))
+            "resolved (among those tried under it).\n\n" + markdown_table(recovery.columns, recovery.rows()))
 
 
 CHECK_COLUMNS = {"references_dropped": "referring prose: dropped", "references_rewritten": "referring prose: rewritten",
@@ -149,7 +149,7 @@ def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[s
     lines = ["## Guidance checks", "A chosen completion is trained under the unguided prompt. Guided successes "
              "whose prose refers to the guidance, that edited a file no tool output had shown (ungrounded), or "
              "whose hint held a line of the gold patch, by guidance kind:"]
-    lines.append(_table(["guidance kind"] + [CHECK_COLUMNS[c] for c in present],
+    lines.append(markdown_table(["guidance kind"] + [CHECK_COLUMNS[c] for c in present],
                         [[k] + [checks.get(f"{c}.{k}", 0) for c in present] for k in kinds]) if kinds
                  else "No guided success was checked.")
     for config, (gold, total) in gold_hint_shares(splits).items():
@@ -158,7 +158,7 @@ def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[s
     contributed = contributions(splits)
     if contributed:
         lines.append("What each family contributed: DPO pairs and SFT rows by where the chosen attempt came from.")
-        lines.append(_table(["chosen from", "dpo pairs", "sft rows"],
+        lines.append(markdown_table(["chosen from", "dpo pairs", "sft rows"],
                             [[source, n.get("dpo", 0), n.get("sft", 0)] for source, n in sorted(contributed.items())]))
     return "\n\n".join(lines)
 
@@ -185,7 +185,7 @@ def _histogram_section(histogram: pl.DataFrame | None) -> str:
     found = histogram.filter(pl.col("bin") != "not found")
     return (f"## Minimal guidance prefix k*/K\n\n![k*/K histogram]({HISTOGRAM_FILE})\n\n"
             "Share k*/K of the K reference actions a guided attempt needed to succeed, over accepted plans "
-            "with K > 0.\n\n" + _table(["k*/K", "plans"], found.rows())
+            "with K > 0.\n\n" + markdown_table(["k*/K", "plans"], found.rows())
             + f"\n\nPlans where no prefix succeeded: {histogram.filter(pl.col('bin') == 'not found')['plans'].sum()}.")
 
 
@@ -290,3 +290,4 @@ def _loading_section(repo_id: str, configs: list[str]) -> str:
     lines = [f'{c} = load_dataset("{repo}", "{c}")' for c in configs]
     return ("## Loading\n\n```python\nfrom datasets import load_dataset\n\n" + "\n".join(lines) + "\n```\n\n"
             "A local copy of this folder loads the same way: `load_dataset(\"path/to/folder\", \"dpo\")`.")
+

@@ -1,0 +1,227 @@
+"""Releases of the exported dataset: each night's export, when its rows differ from the last release's, is
+kept as a folder named by its batch (`<releases>/<name>/`, loadable with `load_dataset(folder, config)`)
+and published under a Hub tag of the same name, so any release still loads as it was.
+
+A release's `release.json` names it, the release before it, a digest of its rows, and what made it (code
+version, settings digest); its card says what changed since the previous release: rows added and removed
+per config and split, tasks added or quarantined, guidance families, the evaluation's numbers where known.
+
+Rows are compared by content: each row's digest is the SHA-256 of its JSON, so a row rewritten identically
+is the same row, and an export whose rows all equal the last release's is no new release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pyarrow.parquet as pq
+
+from pipeline.datasets.card import contributions
+from pipeline.datasets.release_notes import RELEASE_FILE, Release, RowChange, add_release_section
+
+log = logging.getLogger(__name__)
+
+INDEX = "releases.jsonl"  # under the releases folder: one line per release, oldest first
+NAME = re.compile(r"^[\w][\w.\-]*$")  # a folder name and a Hub tag name
+ROW_CONFIGS = ("dpo", "actguide", "sft", "trajectories")  # configs whose rows come from a task's attempts
+SHARD = re.compile(r"^data/(\w+)/(\w+)-\d+-of-\d+\.parquet$")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What made a release, besides its rows."""
+
+    batch: str
+    """The batch the rows were built from: the release's name."""
+    quarantined: tuple[str, ...] = ()
+    """Every task quarantined now."""
+    evaluation: Mapping[str, object] = field(default_factory=dict)
+    """`evaluation_numbers` of the latest evaluation report."""
+    code_version: str = ""
+    """`code_version` of the checkout that made it."""
+    settings_sha256: str = ""
+    """`settings_sha256` of the settings it was made with."""
+    repo_id: str = ""
+    """The Hub repo it will be published to, for the card's loading line; '' shows a placeholder."""
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """The release an export is now, and whether it was made by this export."""
+
+    release: Release
+    folder: Path
+    """The release's own folder under the releases folder."""
+    new: bool
+    """False: the export's rows equal the last release's, and that release stands."""
+
+    def describe(self) -> str:
+        if self.new:
+            return f"release {self.release.name} at {self.folder} (after {self.release.previous or 'none'})"
+        return f"rows identical to release {self.release.name}: no new release ({self.folder})"
+
+
+def row_digests(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """config -> split -> the sorted digests of its rows, read from the folder's Parquet shards."""
+    digests: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(Path(folder).glob("data/*/*.parquet")):
+        match = SHARD.match(path.relative_to(folder).as_posix())
+        if match is None:
+            raise ValueError(f"{path} is not a shard an export writes (data/<config>/<split>-00000-of-00001.parquet); "
+                             "remove it from the folder")
+        rows = pq.read_table(path).to_pylist()
+        found = digests.setdefault(match.group(1), {}).setdefault(match.group(2), [])
+        found += [hashlib.sha256(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest() for r in rows]
+    return {c: {s: sorted(d) for s, d in by_split.items()} for c, by_split in digests.items()}
+
+
+def content_sha256(digests: Mapping[str, Mapping[str, list[str]]]) -> str:
+    text = json.dumps({c: dict(by_split) for c, by_split in sorted(digests.items())}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def row_changes(before: Mapping[str, Mapping[str, list[str]]], after: Mapping[str, Mapping[str, list[str]]]
+                ) -> tuple[RowChange, ...]:
+    """Per config and split of either: rows now, rows added, rows removed (by row digest)."""
+    keys = sorted({(c, s) for d in (before, after) for c, by_split in d.items() for s in by_split})
+    changes = []
+    for config, split in keys:
+        old, new = set(before.get(config, {}).get(split, ())), after.get(config, {}).get(split, [])
+        changes.append(RowChange(config, split, len(new), len(set(new) - old), len(old - set(new))))
+    return tuple(changes)
+
+
+def releases(root: Path) -> list[Release]:
+    """The releases under `root`, oldest first."""
+    index = Path(root) / INDEX
+    names = [json.loads(line)["name"] for line in index.read_text().splitlines() if line.strip()] \
+        if index.exists() else []
+    return [Release.read(Path(root) / name) for name in names]
+
+
+def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResult:
+    """Make the export folder a release: a new one under `root` when its rows differ from the last release's
+    (its card then says what changed), else the export folder becomes the last release's copy again."""
+    export, root = Path(export), Path(root)
+    if not NAME.match(provenance.batch):
+        raise ValueError(f"batch {provenance.batch!r} cannot name a release (a folder and a Hub tag): use letters, "
+                         "digits, '.', '-' and '_'")
+    digests = row_digests(export)
+    content, known = content_sha256(digests), releases(root)
+    last = known[-1] if known else None
+    if last is not None and last.content_sha256 == content:
+        _copy_into_place(root / last.name, export)
+        log.info("the export's rows are identical to release %s: no new release", last.name)
+        return ReleaseResult(last, root / last.name, new=False)
+    before = row_digests(root / last.name) if last else {}
+    tasks_before = _tasks(before, root / last.name) if last else set()
+    release = Release(
+        name=_free_name(provenance.batch, {r.name for r in known}), batch=provenance.batch, content_sha256=content,
+        previous=last.name if last else "", rows={c: {s: len(d) for s, d in by_split.items()}
+                                                  for c, by_split in digests.items()},
+        changes=row_changes(before, digests),
+        tasks_added=tuple(sorted(_tasks(digests, export) - tasks_before)),
+        quarantined=tuple(sorted(provenance.quarantined)),
+        newly_quarantined=tuple(sorted(set(provenance.quarantined) - set(last.quarantined if last else ()))),
+        families=_families(export, digests), evaluation=dict(provenance.evaluation),
+        code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")
+    add_release_section(export / "README.md", release, provenance.repo_id)
+    root.mkdir(parents=True, exist_ok=True)
+    _copy_into_place(export, root / release.name)
+    with (root / INDEX).open("a") as index:
+        index.write(json.dumps({"name": release.name, "content_sha256": content}) + "\n")
+    log.info("release %s: %s", release.name, ", ".join(f"{c.config}/{c.split} +{c.added} -{c.removed}"
+                                                       for c in release.changes))
+    return ReleaseResult(release, root / release.name, new=True)
+
+
+def _tasks(digests: Mapping[str, Mapping[str, list[str]]], folder: Path) -> set[str]:
+    """The tasks some row of the folder comes from (the `tasks` table lists every task, rows or not)."""
+    found = set()
+    for config in ROW_CONFIGS:
+        for split in digests.get(config, {}):
+            table = pq.read_table(folder / f"data/{config}/{split}-00000-of-00001.parquet")
+            if "instance_id" in table.column_names:
+                found |= set(table.column("instance_id").to_pylist())
+    return found
+
+
+def _families(folder: Path, digests: Mapping[str, Mapping[str, list[str]]]) -> dict[str, dict[str, int]]:
+    """DPO pairs and SFT rows per chosen attempt's origin, every split (the card's contributions)."""
+    shards = {config: {split: pq.read_table(folder / f"data/{config}/{split}-00000-of-00001.parquet")
+                       for split in digests.get(config, {})} for config in ("dpo", "sft")}
+    return contributions(shards)
+
+
+def evaluation_numbers(report: Path | None) -> dict[str, object]:
+    """The batch and each model's pass@1 of an evaluation report (pass_at_1.json); {} without one."""
+    if report is None or not Path(report).exists():
+        return {}
+    results = json.loads(Path(report).read_text()).get("results", [])
+    return {"batch": Path(report).parent.name, **{f"pass@1/{r['model']}": r["pass@1"] for r in results}}
+
+
+def _free_name(batch: str, taken: Iterable[str]) -> str:
+    """The batch, or `<batch>.2`, `.3`... when a release of the batch exists (a re-run with other rows)."""
+    taken, name, n = set(taken), batch, 1
+    while name in taken:
+        n += 1
+        name = f"{batch}.{n}"
+    return name
+
+
+def _copy_into_place(source: Path, target: Path) -> None:
+    """`target` replaced by a copy of `source`, renamed in whole so a reader never sees half of it."""
+    staging = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(source, staging)
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def code_version(checkout: Path) -> str:
+    """The git commit of the handhold checkout ('+dirty' when it has changes), else the package version."""
+    try:
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+        dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        head = None
+    if head is not None and head.returncode == 0:
+        return f"git {head.stdout.strip()}" + ("+dirty" if dirty.stdout.strip() else "")
+    try:
+        return f"handhold {metadata.version('handhold')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def settings_sha256(settings: object) -> str:
+    """A digest of the settings (a dataclass tree), secrets never among them."""
+    return hashlib.sha256(json.dumps(asdict(settings), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def dataset_identity(folder: Path) -> dict[str, str]:
+    """Which dataset a run read: the release it is (tag) or the local build it came from, and its rows' digest."""
+    folder = Path(folder)
+    if (folder / RELEASE_FILE).exists():
+        release = Release.read(folder)
+        return {"dataset_release": release.name, "dataset_build": release.batch,
+                "dataset_sha256": release.content_sha256, "dataset_path": str(folder)}
+    return {"dataset_release": "", "dataset_build": "local export (no release)",
+            "dataset_sha256": content_sha256(row_digests(folder)), "dataset_path": str(folder)}
