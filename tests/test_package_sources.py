@@ -254,19 +254,22 @@ def test_repeat_gold_grades_run_only_the_files_the_bug_reaches_and_still_catch_a
     ran = tmp_path / "other-ran"
     tree(repo, {"tests/test_other.py": f"def test_other():\n    with open({str(ran)!r}, 'a') as f:\n"
                                        "        f.write('x')\n"})
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "other"], cwd=repo, check=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "other"], cwd=repo, check=True)
     task = dataclasses.replace(calc_task(repo, "tests/test_calc.py::test_add"), test_cmd=command_of(WHOLE),
                                PASS_TO_PASS=("tests/test_calc.py::test_double", "tests/test_other.py::test_other"))
     repeat = narrowed_task(task, WHOLE, ("tests/test_calc.py",))
-    assert repeat.PASS_TO_PASS == ("tests/test_calc.py::test_double",) and repeat.test_cmd.endswith("tests/test_calc.py")
+    assert repeat.PASS_TO_PASS == ("tests/test_calc.py::test_double",)
+    assert repeat.test_cmd.endswith("tests/test_calc.py")
     assert narrowed_task(task, WHOLE, None) is None and narrowed_task(task, SPEC, ("tests/test_calc.py",)) is None
     sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
     checked = check_task(task, sandboxes=sandboxes, runs=3, exact=True, repeat=repeat)
     assert isinstance(checked, Task) and checked.PASS_TO_PASS == task.PASS_TO_PASS  # the stored task is whole
     assert ran.read_text() == "xx"  # the first gold grade and the empty patch's: the other file twice, not four times
     flaky = dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add", "tests/test_calc.py::test_flaky"))
-    rejected = check_task(flaky, sandboxes=sandboxes, runs=3, repeat=narrowed_task(flaky, WHOLE, ("tests/test_calc.py",)))
+    rejected = check_task(flaky, sandboxes=sandboxes, runs=3,
+                          repeat=narrowed_task(flaky, WHOLE, ("tests/test_calc.py",)))
     assert not isinstance(rejected, Task) and rejected.reason.startswith(f"{FLAKY} the gold patch resolves it on")
 
 

@@ -31,7 +31,8 @@ STEADY = r"sed -E 's/^([0-9]+ [a-z].*) in [0-9.]+s( \([0-9:]+\))?$/\1/; s/0x[0-9
 
 
 def pytest_command(args: str, lines: int) -> str:
-    return f"(set -o pipefail; PYTHONHASHSEED=0 python -m pytest {args} -p no:cacheprovider 2>&1 | {STEADY} | tail -n {lines})"
+    return (f"(set -o pipefail; PYTHONHASHSEED=0 python -m pytest {args} -p no:cacheprovider 2>&1 | {STEADY}"
+            f" | tail -n {lines})")
 
 
 SUITE = pytest_command("-x -q --tb=short", 80)
