@@ -33,6 +33,8 @@ from pipeline.datasets.release_notes import RELEASE_FILE, Release, RowChange, ad
 log = logging.getLogger(__name__)
 
 INDEX = "releases.jsonl"  # under the releases folder: one line per release, oldest first
+DIGESTS = ".row_digests.json"  # in a release's folder: its rows' digests, so the next release need not read them
+# again (hidden: not uploaded, not a dataset file)
 NAME = re.compile(r"^[\w][\w.\-]*$")  # a folder name and a Hub tag name
 ROW_CONFIGS = ("dpo", "actguide", "sft", "trajectories")  # configs whose rows come from a task's attempts
 SHARD = re.compile(r"^data/(\w+)/(\w+)-\d+-of-\d+\.parquet$")
@@ -86,6 +88,12 @@ def row_digests(folder: Path) -> dict[str, dict[str, list[str]]]:
     return {c: {s: sorted(d) for s, d in by_split.items()} for c, by_split in digests.items()}
 
 
+def _stored_digests(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """`row_digests` of a release folder, as stored when it was cut (read from its rows when it holds none)."""
+    stored = Path(folder) / DIGESTS
+    return json.loads(stored.read_text()) if stored.exists() else row_digests(folder)
+
+
 def content_sha256(digests: Mapping[str, Mapping[str, list[str]]]) -> str:
     text = json.dumps({c: dict(by_split) for c, by_split in sorted(digests.items())}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -124,7 +132,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         _copy_into_place(root / last.name, export)
         log.info("the export's rows are identical to release %s: no new release", last.name)
         return ReleaseResult(last, root / last.name, new=False)
-    before = row_digests(root / last.name) if last else {}
+    before = _stored_digests(root / last.name) if last else {}
     tasks_before = _tasks(before, root / last.name) if last else set()
     release = Release(
         name=_free_name(provenance.batch, {r.name for r in known}), batch=provenance.batch, content_sha256=content,
@@ -138,6 +146,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")
+    (export / DIGESTS).write_text(json.dumps(digests))
     add_release_section(export / "README.md", release, provenance.repo_id)
     root.mkdir(parents=True, exist_ok=True)
     _copy_into_place(export, root / release.name)
