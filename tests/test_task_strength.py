@@ -116,3 +116,29 @@ def test_the_probe_runs_the_files_of_the_failing_tests_and_agrees_with_the_whole
                         (SPEC.test_command, "weak"): True, (SPEC.test_command, "strong"): False,
                         (SPEC.test_command, "elsewhere ran"): True}
     assert missing is False and marker.exists()  # a test the files lack: the whole suite ran
+
+
+def test_the_tasks_kept_are_the_first_in_candidate_order_whichever_sandbox_finishes_first(monkeypatch):
+    """Two sandboxes, two tasks wanted: candidate 0 finishes last, after 1 and 2 were found; 0 and 1 are kept."""
+    import threading
+    import time
+
+    from pipeline.synthesis import synth
+
+    second_found = threading.Event()
+
+    def try_(sandbox, spec, cand, base, config, report, expect=None):
+        if cand.candidate_id == "c0":
+            second_found.wait(10)  # candidates 1 and 2 are found on the other sandbox first
+            time.sleep(0.05)
+        if cand.candidate_id == "c2":
+            second_found.set()
+        return ("f2p", "log", None)
+
+    monkeypatch.setattr(synth, "try_candidate", try_)
+    monkeypatch.setattr(synth, "make_task", lambda spec, image, cand, *args, **kwargs: cand.candidate_id)
+    monkeypatch.setattr(synth, "narrowed_task", lambda task, spec, files: None)
+    cands = [dataclasses.replace(removed_assignment("add", 2), candidate_id=f"c{i}") for i in range(5)]
+    kept = synth._validate_candidates(SPEC, "image", cands, None, ["sb-a", "sb-b"], SynthConfig(), SynthReport(), None,
+                                      want=2)
+    assert [task for task, _, _ in kept] == ["c0", "c1"]

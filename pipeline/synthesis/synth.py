@@ -154,8 +154,9 @@ def _combined(spec, image, kept, base, sandboxes, config, report, writer
 def _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer, want: int,
                          parts: dict | None = None, expect: dict | None = None
                          ) -> list[tuple[Task, BugCandidate, Task | None]]:
-    """Try candidates on the sandboxes in parallel until `want` are kept, in candidate order; each with its
-    `narrowed_task`."""
+    """The first `want` candidates in candidate order that make a task, each with its `narrowed_task`: tried on
+    the sandboxes in parallel, none handed out once `want` are found. Every candidate before the last one handed
+    out has been tried, so which are kept does not depend on which sandbox finished first."""
     kept: list[tuple[int, Task, BugCandidate, Task | None]] = []
     pending = list(enumerate(candidates))
     lock = threading.Lock()
@@ -173,13 +174,12 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
                 task = make_task(spec, image, cand, found[0], base, found[1], config, writer,
                                  parts=(parts or {}).get(cand.candidate_id, []))
                 with lock:
-                    if len(kept) < want:
-                        kept.append((i, task, cand, narrowed_task(task, spec, found[2])))
+                    kept.append((i, task, cand, narrowed_task(task, spec, found[2])))
 
     with report.clock.parallel(len(sandboxes)), ThreadPoolExecutor(len(sandboxes)) as pool:
         for future in [pool.submit(worker, sb) for sb in sandboxes]:
             future.result()
-    return [(task, cand, narrowed) for _, task, cand, narrowed in sorted(kept, key=lambda k: k[0])]
+    return [(task, cand, narrowed) for _, task, cand, narrowed in sorted(kept, key=lambda k: k[0])[:want]]
 
 
 def narrowed_task(task: Task, spec: PackageSpec, files: tuple[str, ...] | None) -> Task | None:
