@@ -193,6 +193,32 @@ def test_same_size_edit_right_after_setup_is_in_the_diff(sandbox, how):
 
 
 @pytest.mark.docker
+def test_files_go_through_the_session_as_its_user_in_chunks_under_the_output_cap(base_image):
+    """A file bigger than the output cap comes back whole; an existing file keeps its mode; what the sandbox
+    user may not read or write (root's own files) is refused, to the edit tool too, as it is to its shell."""
+    from pipeline.agent.tools import execute
+
+    data = bytes(range(256)) * 40  # 10 KB: several chunks under a 2 KB cap
+    with DockerSandbox(base_image, workdir="/tmp", config=SandboxSpec(output_cap=2000)) as sb:
+        sb.write_file("deep/blob.bin", data)
+        assert sb.read_file("/tmp/deep/blob.bin") == data
+        sb.run("printf '#!/bin/sh\\necho one\\n' > run.sh && chmod 0755 run.sh")
+        sb.write_file("run.sh", "#!/bin/sh\necho two\n")
+        assert sb.run("./run.sh").output == "two\n"
+        sb.write_file("empty.txt", b"")
+        assert sb.read_file("empty.txt") == b""
+        assert sb.run_privileged("install -m 0600 /dev/null /root-only && echo secret > /root-only", 30).exit_code == 0
+        with pytest.raises(PermissionError):
+            sb.read_file("/root-only")
+        with pytest.raises(PermissionError):
+            sb.write_file("/root-only", "mine")
+        with pytest.raises(IsADirectoryError):
+            sb.read_file("deep")
+        viewed = execute(sb, "edit", {"command": "view", "path": "/root-only"})
+        assert viewed.error and "Permission denied" in viewed.output and "secret" not in viewed.output
+        assert sb.run_privileged("cat /root-only", 30).output == "secret\n"
+
+
 def test_no_network_by_default(base_image):
     with DockerSandbox(base_image, workdir="/tmp") as sb:
         result = sb.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
