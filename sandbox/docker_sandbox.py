@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import errno
 import logging
 import os
 import posixpath
@@ -15,6 +13,7 @@ import time
 import docker
 import docker.errors
 
+from sandbox import session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import STATE_DIR, ShellClosed, ShellSession, kill_all_command, run_or_restart, server_argv
@@ -25,9 +24,6 @@ log = logging.getLogger(__name__)
 SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts)
 PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must neither read nor write
 SESSION_TMPFS = "128m"  # the session's in-memory folder: state, and the current command's full output
-WRITE_CHUNK = 1 << 20  # bytes of a file one command writes
-NOT_A_FILE = {"dir": (IsADirectoryError, errno.EISDIR), "special": (IsADirectoryError, errno.EISDIR),
-              "missing": (FileNotFoundError, errno.ENOENT), "unreadable": (PermissionError, errno.EACCES)}
 
 
 class DockerSandbox:
@@ -209,46 +205,11 @@ class DockerSandbox:
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.workdir, path)
 
-    # Files go through the session as the user commands run as, like anything the agent runs: a file that user
-    # cannot read or write is refused (PermissionError), wherever it is. Base64 chunks keep each answer under
-    # the output cap; a command is a few milliseconds where the engine's archive API takes about 100.
     def read_file(self, path: str) -> bytes:
-        quoted, chunk = shlex.quote(self._abs(path)), self._file_chunk()
-        head = self.run(f"f={quoted}; if [ -d \"$f\" ]; then echo dir; elif [ ! -e \"$f\" ]; then echo missing; "
-                        f"elif [ ! -f \"$f\" ]; then echo special; elif [ ! -r \"$f\" ]; then echo unreadable; "
-                        f"else stat -L -c 'file %s' -- \"$f\" && head -c {chunk} -- \"$f\" | base64 -w0; fi", 60)
-        status, _, body = head.output.partition("\n")
-        if head.exit_code != 0 or not status.startswith(("file ", "dir", "missing", "special", "unreadable")):
-            raise SandboxError(f"reading {path} in {self.short_id} failed (exit {head.exit_code}): {head.output[-500:]}")
-        if not status.startswith("file "):
-            error, code = NOT_A_FILE[status]
-            raise error(code, os.strerror(code), path)
-        size, data = int(status[5:]), base64.b64decode(body)
-        while len(data) < size:  # past the first chunk
-            more = self.run(f"tail -c +{len(data) + 1} -- {quoted} | head -c {chunk} | base64 -w0", 60)
-            if more.exit_code != 0 or not more.output:
-                raise SandboxError(f"reading {path} in {self.short_id} failed at byte {len(data)}: {more.output[-500:]}")
-            data += base64.b64decode(more.output)
-        return data
+        return session_files.read(self, self._abs(path), path)
 
     def write_file(self, path: str, data: bytes | str) -> None:
-        """Parents made; an existing file is rewritten in place, so it keeps its mode and owner."""
-        target = self._abs(path)
-        data = data.encode() if isinstance(data, str) else data
-        quoted, chunk = shlex.quote(target), WRITE_CHUNK
-        for at in range(0, max(len(data), 1), chunk):
-            encoded = base64.b64encode(data[at:at + chunk]).decode()
-            start = f"mkdir -p -- {shlex.quote(posixpath.dirname(target))} && " if at == 0 else ""
-            result = self.run(f"{start}printf %s '{encoded}' | base64 -d {'>' if at == 0 else '>>'} {quoted}", 60)
-            if result.exit_code != 0:
-                message = result.output.strip()[-500:]
-                if "Permission denied" in message:
-                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-                raise SandboxError(f"writing {path} in {self.short_id} failed (exit {result.exit_code}): {message}")
-
-    def _file_chunk(self) -> int:
-        """Bytes of a file one command reads: their base64 and a status line fit the output cap."""
-        return max((self.config.output_cap - 200) // 4 * 3, 3)
+        session_files.write(self, self._abs(path), path, data)
 
     # -- work tree -----------------------------------------------------------------------
     def diff(self) -> str:
