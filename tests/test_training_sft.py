@@ -124,3 +124,17 @@ def test_the_sft_asset_launched_through_pipes_reports_its_steps(folder, tiny, tm
     assert json.loads((data / "models" / "sft" / "b1" / "dataset.json").read_text()) == read
     logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert sum("sft step {" in message for message in logs) == 2
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_checkpointing_is_what_the_settings_say_not_trls_default(checkpointing, tmp_path):
+    """TRL's SFTConfig and DPOConfig default it to True; the settings' False must reach the trainer as False."""
+    from trl import DPOConfig, SFTConfig
+
+    from training.common import trainer_args
+    from training.config import DPOTrainingConfig
+
+    for config_class, config in ((SFTConfig, SFTTrainingConfig(gradient_checkpointing=checkpointing)),
+                                 (DPOConfig, DPOTrainingConfig(gradient_checkpointing=checkpointing))):
+        args = config_class(**trainer_args(config_class, config, tmp_path, use_cpu=True))
+        assert (args.activation_checkpointing, args.gradient_checkpointing) == (checkpointing, checkpointing)

@@ -68,10 +68,11 @@ def load_model(path: str, precision: str):
 def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool) -> dict[str, Any]:
     """The TrainingArguments both TRL stages (SFTConfig, DPOConfig: `config_class`) take alike from their settings:
     schedule, batch, precision, seed, checkpointing, one log line a step, no saving or reporting on the way."""
-    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, and only when asked
+    # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, always: TRL's configs default
+    # it to True, which recomputes every forward in the backward whatever `gradient_checkpointing: false` says
     names = {f.name for f in dataclasses.fields(config_class)}
-    checkpointing = ({"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing":
-                      True} if config.gradient_checkpointing else {})
+    checkpointing = {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing":
+                     config.gradient_checkpointing}
     return dict(
         output_dir=str(out_dir / "trainer"), learning_rate=config.learning_rate,
         lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
