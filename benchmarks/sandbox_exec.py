@@ -1,5 +1,7 @@
 """Per-command time through DockerSandbox's session versus one `docker exec` per command,
-and the work-tree reset versus recreating the container. Prints medians and ratios.
+the work-tree reset versus recreating the container, and a 30 KB source file read and written
+through the session (sandbox/session_files.py) versus the engine's archive API. Prints medians
+and ratios.
 
     python benchmarks/sandbox_exec.py [--commands 200] [--files 1000]
 Targets: session median <= 3 ms and <= 0.06x docker exec; reset of 1,000 files <= 60 ms and <= 0.2x
@@ -9,7 +11,10 @@ recreating the container (exact: contents compared, untracked files removed, ign
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import statistics
+import tarfile
 import time
 
 from sandbox import DockerSandbox
@@ -74,6 +79,30 @@ def time_recreate(image: str, rounds: int) -> list[float]:
     return times
 
 
+def time_files(sb: DockerSandbox, rounds: int) -> tuple[list[float], list[float]]:
+    """A read and a write of a 30 KB file: through the session, and through the archive API (the baseline)."""
+    data = os.urandom(15_000).hex().encode()
+    sb.write_file("/tmp/bench/file.py", data)
+    session, archive = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        sb.write_file("/tmp/bench/file.py", data)
+        assert sb.read_file("/tmp/bench/file.py") == data
+        session.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("archive.py")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        sb.container.put_archive("/tmp/bench", buf.getvalue())
+        stream, _ = sb.container.get_archive("/tmp/bench/archive.py")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            assert tar.extractfile(tar.next()).read() == data
+        archive.append(time.perf_counter() - start)
+    return session, archive
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commands", type=int, default=200)
@@ -85,6 +114,7 @@ def main() -> None:
         time_session(sb, 20)  # warm up
         session = statistics.median(time_session(sb, args.commands)) * 1000
         exec_ = statistics.median(time_docker_exec(sb, args.commands)) * 1000
+        files, archive = (statistics.median(t) * 1000 for t in time_files(sb, args.rounds * 2))
         make_work_tree(sb, args.files)
         reset = statistics.median(time_reset(sb, args.rounds)) * 1000
     recreate = statistics.median(time_recreate(image, args.rounds)) * 1000
@@ -95,6 +125,9 @@ def main() -> None:
     print(f"reset median        {reset:8.2f} ms   ({args.files} files; target <= 60 ms)")
     print(f"recreate median     {recreate:8.2f} ms   (new container instead of reset)")
     print(f"ratio reset/recreate {reset / recreate:7.3f}    (target <= 0.2)")
+    print(f"file write+read     {files:8.2f} ms   (30 KB, through the session)")
+    print(f"archive API         {archive:8.2f} ms   (put_archive + get_archive, the former way)")
+    print(f"ratio session/API   {files / archive:8.3f}")
 
 
 if __name__ == "__main__":

@@ -58,16 +58,15 @@ def shared_dir(tmp_path_factory, worker_id) -> Path:
 
 
 @pytest.fixture(scope="session")
-def synth_run(base_image, docker_client, shared_dir):
+def synth_run(base_image, docker_client, shared_dir, synth_cache):
     """Tasks synthesized from toolz: the real thing, cut small for CI; made once per run, whatever the workers."""
-    cache = shared_dir / "synth-cache"
+    cache = synth_cache
     config = SynthConfig(packages=(TOOLZ.name,), tasks_per_package=3, candidates_per_package=30)
     saved = shared_dir / "synth-run.pickle"
     with FileLock(str(shared_dir / "synth-run.lock")):
         if saved.exists():
             tasks, report = pickle.loads(saved.read_bytes())
         else:
-            cache.mkdir(exist_ok=True)
             tasks, report = synthesize(config, base_image, cache, docker_client)
             with open(saved, "wb") as f:
                 _LocksAnew(f).dump((tasks, report))
@@ -75,10 +74,20 @@ def synth_run(base_image, docker_client, shared_dir):
 
 
 @pytest.fixture(scope="session")
-def graph_cache(shared_dir) -> str:
+def synth_cache(shared_dir) -> Path:
+    """The cache_dir of every synthesis in the run (`synth_run`, the graph tests, the mutation kinds): a cache is
+    shared by design (tasks are kept per package and settings, each package locked while it is made), so toolz's
+    sdist, wheels and build backend are fetched and built once per run, whatever the workers."""
+    cache = shared_dir / "synth-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def graph_cache(synth_cache) -> str:
     """The cache_dir of the tests that materialize the graph from synthesis (tests/test_pipeline_assets.py,
     tests/test_celery.py): their toolz tasks, synthesized with the same settings, are made once per run."""
-    return str(shared_dir / "graph-cache")
+    return str(synth_cache)
 
 
 class _LocksAnew(pickle.Pickler):

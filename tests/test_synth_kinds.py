@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -160,7 +159,7 @@ def _scripted_teacher(body: dict):
 
 
 @pytest.fixture(scope="module")
-def kinds_run(base_image, docker_client, tmp_path_factory):
+def kinds_run(base_image, docker_client, synth_cache):
     from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
     from tests.loopback import OpenAIServer
 
@@ -169,10 +168,10 @@ def kinds_run(base_image, docker_client, tmp_path_factory):
     config = SynthConfig(packages=(TOOLZ.name,), tasks_per_package=4, candidates_per_package=16,
                          rewrite=True, rewrites_per_package=6, combine=1)
     server = OpenAIServer(_scripted_teacher)
-    cache = Path(tmp_path_factory.mktemp("kinds-cache"))
     with server as url:
         teacher = OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0))
-        tasks, report = synthesize(config, base_image, cache, docker_client, specs=(spec,), rewriter=teacher)
+        tasks, report = synthesize(config, base_image, synth_cache, docker_client, specs=(spec,),
+                                   rewriter=teacher)
     return tasks, report, server
 
 
