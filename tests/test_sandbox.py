@@ -253,14 +253,15 @@ def test_runs_as_non_root_user(base_image):
 
 @pytest.mark.docker
 def test_parallel_sandboxes_do_not_interfere(base_image):
-    results, errors = {}, []
+    results, errors, raw = {}, [], {}
 
     def work(i: int) -> None:
         try:
             with DockerSandbox(base_image, workdir="/tmp") as sb:
-                sb.run(f"export ME={i}; mkdir -p /tmp/w{i}; cd /tmp/w{i}")
-                outs = [sb.run("echo $ME $(pwd)").output.strip() for _ in range(20)]
-                results[i] = set(outs)
+                first = sb.run(f"export ME={i}; mkdir -p /tmp/w{i}; cd /tmp/w{i}")
+                runs = [sb.run("echo $ME $(pwd)") for _ in range(20)]
+                results[i] = {r.output.strip() for r in runs}
+                raw[i] = (sb.short_id, first, runs[:2])  # what a failure shows: exit codes, durations, restarts
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -270,7 +271,7 @@ def test_parallel_sandboxes_do_not_interfere(base_image):
     for t in threads:
         t.join()
     assert not errors
-    assert results == {i: {f"{i} /tmp/w{i}"} for i in range(4)}
+    assert results == {i: {f"{i} /tmp/w{i}"} for i in range(4)}, raw
 
 
 @pytest.mark.docker
