@@ -17,6 +17,8 @@ import shlex
 from sandbox.base import SandboxError
 
 WRITE_CHUNK = 1 << 20  # bytes of a file one command writes
+# The tools from the system's PATH (`command -p`), not from one the session's commands exported
+STAT, HEAD, TAIL, BASE64, MKDIR = (f"command -p {tool}" for tool in ("stat", "head", "tail", "base64", "mkdir"))
 NOT_A_FILE = {"dir": (IsADirectoryError, errno.EISDIR), "special": (IsADirectoryError, errno.EISDIR),
               "missing": (FileNotFoundError, errno.ENOENT), "unreadable": (PermissionError, errno.EACCES)}
 
@@ -26,7 +28,8 @@ def read(sandbox, target: str, path: str) -> bytes:
     quoted, chunk = shlex.quote(target), max((sandbox.config.output_cap - 200) // 4 * 3, 3)
     first = sandbox.run(f"f={quoted}; if [ -d \"$f\" ]; then echo dir; elif [ ! -e \"$f\" ]; then echo missing; "
                         f"elif [ ! -f \"$f\" ]; then echo special; elif [ ! -r \"$f\" ]; then echo unreadable; "
-                        f"else stat -L -c 'file %s' -- \"$f\" && head -c {chunk} -- \"$f\" | base64 -w0; fi", 60)
+                        f"else {STAT} -L -c 'file %s' -- \"$f\" && {HEAD} -c {chunk} -- \"$f\" | {BASE64} -w0; fi",
+                        60)
     status, _, body = first.output.partition("\n")
     if first.exit_code != 0 or not status.startswith(("file ", *NOT_A_FILE)):
         raise SandboxError(f"reading {path} in {sandbox.short_id} failed (exit {first.exit_code}): "
@@ -36,7 +39,7 @@ def read(sandbox, target: str, path: str) -> bytes:
         raise error(code, os.strerror(code), path)
     size, data = int(status[5:]), base64.b64decode(body)
     while len(data) < size:  # past the first chunk
-        more = sandbox.run(f"tail -c +{len(data) + 1} -- {quoted} | head -c {chunk} | base64 -w0", 60)
+        more = sandbox.run(f"{TAIL} -c +{len(data) + 1} -- {quoted} | {HEAD} -c {chunk} | {BASE64} -w0", 60)
         if more.exit_code != 0 or not more.output:
             raise SandboxError(f"reading {path} in {sandbox.short_id} failed at byte {len(data)}: "
                                f"{more.output[-500:]}")
@@ -51,8 +54,9 @@ def write(sandbox, target: str, path: str, data: bytes | str) -> None:
     quoted = shlex.quote(target)
     for at in range(0, max(len(data), 1), WRITE_CHUNK):
         encoded = base64.b64encode(data[at:at + WRITE_CHUNK]).decode()
-        start = f"mkdir -p -- {shlex.quote(posixpath.dirname(target))} && " if at == 0 else ""
-        result = sandbox.run(f"{start}printf %s '{encoded}' | base64 -d {'>' if at == 0 else '>>'} {quoted}", 60)
+        start = f"{MKDIR} -p -- {shlex.quote(posixpath.dirname(target))} && " if at == 0 else ""
+        result = sandbox.run(f"{start}builtin printf %s '{encoded}' | {BASE64} -d {'>' if at == 0 else '>>'} {quoted}",
+                             60)
         if result.exit_code != 0:
             message = result.output.strip()[-500:]
             if "Permission denied" in message:

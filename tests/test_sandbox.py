@@ -194,14 +194,19 @@ def test_same_size_edit_right_after_setup_is_in_the_diff(sandbox, how):
 
 @pytest.mark.docker
 def test_files_go_through_the_session_as_its_user_in_chunks_under_the_output_cap(base_image):
-    """A file bigger than the output cap comes back whole; an existing file keeps its mode; what the sandbox
-    user may not read or write (root's own files) is refused, to the edit tool too, as it is to its shell."""
+    """A file bigger than the output cap comes back whole, whatever PATH the session exported; an existing file
+    keeps its mode; what the sandbox user may not read or write (root's own files) is refused, to the edit tool
+    too, as it is to its shell."""
     from pipeline.agent.tools import execute
 
     data = bytes(range(256)) * 40  # 10 KB: several chunks under a 2 KB cap
     with DockerSandbox(base_image, workdir="/tmp", config=SandboxSpec(output_cap=2000)) as sb:
         sb.write_file("deep/blob.bin", data)
         assert sb.read_file("/tmp/deep/blob.bin") == data
+        shadow = "mkdir -p fake && printf '#!/bin/sh\\necho fake\\n' > fake/base64 && chmod +x fake/base64"
+        sb.run(f"{shadow} && cp fake/base64 fake/head && export PATH=/tmp/fake:$PATH")  # a PATH the agent exported
+        sb.write_file("deep/blob.bin", data[::-1])
+        assert sb.read_file("/tmp/deep/blob.bin") == data[::-1]
         sb.run("printf '#!/bin/sh\\necho one\\n' > run.sh && chmod 0755 run.sh")
         sb.write_file("run.sh", "#!/bin/sh\necho two\n")
         assert sb.run("./run.sh").output == "two\n"
