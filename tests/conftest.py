@@ -88,7 +88,8 @@ def graph_cache(shared_dir) -> str:
     """The cache_dir of the tests that materialize the graph from synthesis (tests/test_pipeline_assets.py,
     tests/test_celery.py): their toolz tasks, synthesized with the same settings, are made once per run. A cache of
     their own: their synthesis, the first thing the run starts, goes on beside `synth_run`'s instead of waiting for
-    the package lock (measured: the suite took 1,641 s with one cache for all, 1,394 s with two)."""
+    the package lock. (One cache for all was tried: 1,641 s against 1,394 and 1,806 s with two, within the
+    suite's run-to-run spread; neither way is shown faster.)"""
     return str(shared_dir / "graph-cache")
 
 
