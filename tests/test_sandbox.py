@@ -224,6 +224,7 @@ def test_files_go_through_the_session_as_its_user_in_chunks_under_the_output_cap
         assert sb.run_privileged("cat /root-only", 30).output == "secret\n"
 
 
+@pytest.mark.docker
 def test_no_network_by_default(base_image):
     with DockerSandbox(base_image, workdir="/tmp") as sb:
         result = sb.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
