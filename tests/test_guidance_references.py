@@ -17,8 +17,8 @@ from pipeline.datasets.export import split_tables
 from pipeline.datasets.guided import rows_referring_to_guidance
 from pipeline.guidance.actions import action_hint
 from pipeline.guidance.expert import expert_actions
-from pipeline.guidance.references import (guidance_references, hint_leaks_gold, quotes_guidance, ungrounded,
-                                          without_references)
+from pipeline.guidance.references import (REFERENCE, guidance_references, hint_leaks_gold, quotes_guidance,
+                                          ungrounded, without_references)
 from pipeline.records import Guidance
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
@@ -58,6 +58,18 @@ def test_running_a_hinted_command_verbatim_is_not_quoting_in_either_format(turn)
 def test_prose_that_refers_to_guidance_is_found(prose, expected):
     messages = native(prose)
     assert guidance_references(messages, HINT, "add(2, 3) returns -1.") == ([(0, expected)] if expected else [])
+
+
+@pytest.mark.parametrize("prose", [
+    "THE REFERENCE FIX is applied.", "Your Hints were right.", "like my instructions told me", "what the Teacher said",
+    "According to the plan, edit it.", "As in the reference: submit.", "Step 12 of the trajectory.", "As advised.",
+    "as suggested", "I was hinted there.", "Comme prévu, as the hint suggests", "Ａs the hint says — as instructed.",
+    "\u212aeep going, as the guidance shows", "Done as planned.", "Nothing here at all."])
+def test_the_word_prefilter_finds_every_phrase_the_pattern_finds(prose):
+    """The phrase pattern runs only on prose holding one of REFERENCE_WORDS (or any non-ASCII character)."""
+    match = REFERENCE.search(prose)
+    found = guidance_references(native(prose), "", "")
+    assert found == ([(0, f"phrase: {match.group(0)}")] if match else [])
 
 
 def test_a_hint_term_shown_by_a_tool_output_first_and_tool_arguments_are_not_references():

@@ -35,7 +35,8 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 def test_builtin_names_keep_their_pins_and_commands():
     assert package_specs(("toolz", "tabulate", "boltons")) == DEFAULT_PACKAGES
     assert parse_entry("toolz==1.0.0") is DEFAULT_PACKAGES[0]
-    assert command_of(DEFAULT_PACKAGES[0]) == "python -m pytest -rA --tb=short -p no:cacheprovider toolz/tests"
+    assert command_of(DEFAULT_PACKAGES[0]) == ("python -m pytest -rA --tb=short -p no:cacheprovider "
+                                               "-p no:unraisableexception toolz/tests")
 
 
 @pytest.mark.parametrize("entry, expected", [

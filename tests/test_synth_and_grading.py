@@ -30,7 +30,8 @@ def test_synthesis_yields_valid_tasks(synth_run):
         assert 1 <= len(task.FAIL_TO_PASS) <= 10 and len(task.PASS_TO_PASS) >= 1
         assert len(task.base_commit) == 40 and task.setup_patch and task.patch
         assert json.loads(task.provenance)["package"] == "toolz" and task.version == "1.0.0"
-        assert task.test_cmd == "python -m pytest -rA --tb=short -p no:cacheprovider toolz/tests"
+        assert task.test_cmd == ("python -m pytest -rA --tb=short -p no:cacheprovider -p no:unraisableexception "
+                                 "toolz/tests")
         removed = [line[1:].strip() for line in task.patch.splitlines()
                    if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
         assert not any(line in task.problem_statement for line in removed if len(line) > 12)

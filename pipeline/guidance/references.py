@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
 from pipeline.agent.textformat import CLOSE, OPEN
@@ -32,7 +33,12 @@ REFERENCE_PHRASES = (  # how a policy talks about help it was given (case-insens
     r"\b(hinted|teacher)\b",
 )
 REFERENCE = re.compile("|".join(f"(?:{p})" for p in REFERENCE_PHRASES), re.I)
+# Every phrase holds one of these words: on ASCII prose (where re.I is plain lower case) the pattern runs only
+# when one is there; the build checks every turn of every guided success, and most turns hold none
+REFERENCE_WORDS = ("reference", "hint", "guidance", "plan", "teacher", "instruct", "trajectory", "suggested",
+                   "advised")
 TOOL_CALL = re.compile(re.escape(OPEN) + r".*?(?:" + re.escape(CLOSE) + r"|$)", re.S)
+CALL_BODY = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 TERM = re.compile(r"`([^`\n]{3,80})`|([\w./-]+\.(?:py|cfg|toml|txt|json|yaml|yml|ini|rst|md))\b"
                   r"|\b([A-Za-z_]\w*_\w+|[a-z]+[A-Z]\w*)\b")
 SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)\s*")
@@ -43,7 +49,8 @@ def prose(message: dict) -> str:
     """What an assistant turn says in words: its content less any text-format tool call."""
     if message.get("role") != "assistant":
         return ""
-    return TOOL_CALL.sub(" ", message.get("content") or "")
+    content = message.get("content") or ""
+    return TOOL_CALL.sub(" ", content) if OPEN in content else content
 
 
 def calls(message: dict) -> list[tuple[str, dict]]:
@@ -53,7 +60,8 @@ def calls(message: dict) -> list[tuple[str, dict]]:
     found = []
     for call in message.get("tool_calls") or []:
         found.append((call["function"]["name"], _arguments(call["function"].get("arguments"))))
-    for body in re.findall(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), message.get("content") or "", re.S):
+    content = message.get("content") or ""
+    for body in CALL_BODY.findall(content) if OPEN in content else ():
         parsed = _arguments(body)
         found.append((str(parsed.get("name", "")), parsed.get("arguments") or {}))
     return found
@@ -91,22 +99,29 @@ def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-def hint_terms(hint: str, prompt: str) -> set[str]:
+@lru_cache(maxsize=256)  # the attempts of a group share their hint and prompt: the terms are found once
+def hint_terms(hint: str, prompt: str) -> frozenset[str]:
     """The hint's own terms (quoted spans, file names, identifiers) that the task prompt does not hold."""
-    terms = {next(g for g in match.groups() if g) for match in TERM.finditer(hint)}
-    return {t for t in terms if t.lower() not in prompt.lower() and t not in ("old_str", "new_str", "view_range")}
+    terms, prompt = {next(g for g in match.groups() if g) for match in TERM.finditer(hint)}, prompt.lower()
+    return frozenset(t for t in terms if t.lower() not in prompt and t not in ("old_str", "new_str", "view_range"))
+
+
+def _lowered(terms: frozenset[str]) -> dict[str, str]:
+    """Each term and its lower case, computed once: the checks below look for every term in every turn."""
+    return {t: t.lower() for t in terms}
 
 
 def guidance_references(messages: list[dict], hint: str, prompt: str) -> list[tuple[int, str]]:
     """(message index, what) of each assistant turn whose prose refers to guidance: a phrase of
     REFERENCE_PHRASES, or a hint term that neither the prompt, an earlier tool output, nor the turn's own tool
     call holds (narrating one's own action is not quoting the hint: the action is there either way)."""
-    found, unseen = [], hint_terms(hint, prompt) if hint else set()
+    found, unseen = [], _lowered(hint_terms(hint, prompt) if hint else frozenset())
     for i, message in enumerate(messages):
-        reason = _reference(prose(message), _not_in(unseen, _own(message)))
-        if reason:
-            found.append((i, reason))
-        unseen = _not_in(unseen, (output(message) or "").lower())
+        if message.get("role") == "assistant":  # only assistant turns have prose
+            reason = _reference(prose(message), _not_in(unseen, _own(message)) if unseen else unseen)
+            if reason:
+                found.append((i, reason))
+        unseen = _not_in(unseen, (output(message) or "").lower()) if unseen else unseen
     return found
 
 
@@ -115,25 +130,26 @@ def _own(message: dict) -> str:
     return " ".join(json.dumps(args) for _, args in calls(message)).lower()
 
 
-def _not_in(terms: set[str], text: str) -> set[str]:
-    """The terms `text` (lower case) does not hold. Terms hold no line break, so checking each output on its
-    own finds what checking all of them joined would."""
-    return {t for t in terms if t.lower() not in text} if text else terms
+def _not_in(terms: dict[str, str], text: str) -> dict[str, str]:
+    """The terms (term: lower case) `text` (lower case) does not hold. Terms hold no line break, so checking each
+    output on its own finds what checking all of them joined would."""
+    return {t: low for t, low in terms.items() if low not in text} if text else terms
 
 
-def _reference(text: str, unseen: set[str]) -> str:
-    match = REFERENCE.search(text)
-    if match:
-        return f"phrase: {match.group(0)}"
+def _reference(text: str, unseen: dict[str, str]) -> str:
     lower = text.lower()
-    term = next((t for t in sorted(unseen) if t.lower() in lower), "")
-    return f"hint term: {term}" if term else ""
+    if not text.isascii() or any(word in lower for word in REFERENCE_WORDS):
+        match = REFERENCE.search(text)
+        if match:
+            return f"phrase: {match.group(0)}"
+    terms = [t for t, low in unseen.items() if low in lower]
+    return f"hint term: {min(terms)}" if terms else ""
 
 
 def without_references(messages: list[dict], hint: str, prompt: str) -> tuple[list[dict], list[dict]]:
     """(messages, rewrites): each referring turn's prose less its referring sentences, tool calls untouched;
     a rewrite per turn, {"message", "reason", "removed" (sentences)}."""
-    unseen, out, rewrites = hint_terms(hint, prompt) if hint else set(), [], []
+    unseen, out, rewrites = _lowered(hint_terms(hint, prompt) if hint else frozenset()), [], []
     for i, message in enumerate(messages):
         now = _not_in(unseen, _own(message))
         reason = _reference(prose(message), now)
@@ -146,7 +162,7 @@ def without_references(messages: list[dict], hint: str, prompt: str) -> tuple[li
     return out, rewrites
 
 
-def _rewritten(content: str, unseen: set[str]) -> tuple[str, int]:
+def _rewritten(content: str, unseen: dict[str, str]) -> tuple[str, int]:
     """The content without its referring sentences (text-format tool calls kept as they are)."""
     parts, kept, removed, last = [], [], 0, 0
     for call in TOOL_CALL.finditer(content):
