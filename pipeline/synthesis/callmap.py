@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.synthesis.combine import edits
 from pipeline.synthesis.mutations import BugCandidate
 from pipeline.synthesis.packages import PackageSpec, test_command
+from pipeline.synthesis.pyparse import parse_python
 from sandbox.base import Sandbox
 
 PLUGIN = "handhold_callmap"
@@ -99,7 +100,7 @@ def changed_functions(cand: BugCandidate) -> list[tuple[int, int]] | None:
 
 def _function_spans(source: str) -> list[tuple[int, int]]:
     spans = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_python(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
             spans.append((first, node.end_lineno))

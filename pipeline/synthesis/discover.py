@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.synthesis.config_files import config_lines, merge_requirements, read_ini, read_toml, requirement_name
+from pipeline.synthesis.pyparse import parse_python
 
 PYTEST = "pytest>=8,<9"
 TEST_EXTRAS = ("test", "tests", "testing")
@@ -167,7 +168,7 @@ def _setup_extras(root: Path) -> dict[str, list[str]]:
             extras |= {k: config_lines(v) for k, v in parser.items("options.extras_require", raw=True)}
     if (root / "setup.py").is_file():
         try:
-            tree = ast.parse((root / "setup.py").read_text(errors="replace"))
+            tree = parse_python((root / "setup.py").read_text(errors="replace"))
         except SyntaxError:
             return extras
         for node in ast.walk(tree):
@@ -248,7 +249,7 @@ def _imported_requirements(root: Path, paths: list[str], name: str) -> list[str]
     modules: set[str] = set()
     for file in files:
         try:
-            tree = ast.parse(file.read_text(errors="replace"))
+            tree = parse_python(file.read_text(errors="replace"))
         except SyntaxError:
             continue
         for node in tree.body:

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from pipeline.synthesis.mutators import MUTATION_KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
+from pipeline.synthesis.pyparse import parse_python
 from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, splice
 
 ALLOWED_DUNDERS = frozenset(
@@ -228,7 +229,7 @@ def _read_module(path: Path) -> _Module | None:
     try:
         with path.open(encoding="utf-8", newline="") as handle:
             text = handle.read()
-        return _Module(text, source_lines(text), ast.parse(text))
+        return _Module(text, source_lines(text), parse_python(text))
     except (UnicodeDecodeError, SyntaxError, ValueError):
         return None
 

@@ -18,6 +18,7 @@ from string import Template
 
 from pipeline.agent.policy import Policy
 from pipeline.synthesis.mutations import BugCandidate, _read_module, _round_robin, eligible, functions, source_files
+from pipeline.synthesis.pyparse import parse_python
 from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, style_of
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def _code(func: FuncNode) -> str:
 def rewritten_source(target: Target, code: str) -> tuple[str | None, str, str]:
     """(the module text with the function replaced, "", "") or (None, reason, detail)."""
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except (SyntaxError, ValueError) as exc:
         return None, "does_not_compile", f"the reply does not parse: {exc}"
     if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):

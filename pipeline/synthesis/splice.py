@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.synthesis.mutators import NodePath, Replacement, node_at
+from pipeline.synthesis.pyparse import parse_python
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef
 OP_TOKENS = {
@@ -232,7 +233,7 @@ def normal_dump(func: FuncNode) -> str:
     """func's structure, decorators left out, as the parser builds it from its unparsed text."""
     undecorated = copy.copy(func)
     undecorated.decorator_list = []
-    return ast.dump(ast.parse(ast.unparse(undecorated)).body[0])
+    return ast.dump(parse_python(ast.unparse(undecorated)).body[0])
 
 
 def reparsed_function(text: str, func: FuncNode, old_line_count: int) -> ast.AST | None:
@@ -243,7 +244,7 @@ def reparsed_function(text: str, func: FuncNode, old_line_count: int) -> ast.AST
     segment = "".join(new_lines[first : last + 1])
     indented = new_lines[first][:1].isspace()
     try:
-        tree = ast.parse("class _:\n" + segment if indented else segment)
+        tree = parse_python("class _:\n" + segment if indented else segment)
     except (SyntaxError, ValueError):
         return None
     node = tree.body[0].body[0] if indented else tree.body[0]

@@ -10,10 +10,9 @@ when every FAIL_TO_PASS test still passes, the tests do not look at its result a
 
 from __future__ import annotations
 
-import ast
-
 from pipeline.synthesis.mutations import functions
 from pipeline.synthesis.packages import PackageSpec
+from pipeline.synthesis.pyparse import parse_python
 from pipeline.synthesis.suite import run_suite, with_test_files
 from sandbox.base import Sandbox
 
@@ -21,7 +20,7 @@ from sandbox.base import Sandbox
 def stubbed(source: str, qualname: str) -> str | None:
     """`source` with the body of function `qualname` replaced by `return None`; None when there is no such
     function, or its body starts on its `def` line (nothing to cut without rewriting the line)."""
-    func = next((f for name, _, f in functions(ast.parse(source)) if name == qualname), None)
+    func = next((f for name, _, f in functions(parse_python(source)) if name == qualname), None)
     if func is None or func.body[0].lineno == func.lineno:
         return None
     lines = source.splitlines(keepends=True)
