@@ -7,7 +7,12 @@ import pickle
 import threading
 from pathlib import Path
 
-import pytest
+# Before anything loads torch's OpenMP: its threads sleep at a barrier instead of spinning. The suite's workers share
+# two cores, where a spinning thread burns the CPU its sibling waits for: three tiny-model training steps at once took
+# 1.6-2.6 CPU s a step spinning, 1.04-1.07 s sleeping (alone on the machine, sleeping costs a step ~15%).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 from filelock import FileLock
 
 from pipeline.records import Task

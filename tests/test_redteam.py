@@ -204,6 +204,22 @@ def test_legitimate_patch(name, graded):
         assert grade_.fault == "none" and not grade_.suspicious, verdict(name, graded)
 
 
+def test_what_root_wrote_in_the_tree_is_the_users_and_nothing_else_is_rewritten(toolz_task):
+    """The grade applies as root and hands the tree to the sandbox user, whose tests write there; the image's own
+    files keep their group (the image gives the user the files, root the group): a chown would copy them up."""
+    with task_sandbox(toolz_task) as sb:
+        tree.snapshot(sb)
+        p.with_gold(sb, toolz_task)
+        with_new_package = tree.tree_patch(sb, {"toolz/_fresh/__init__.py": "VALUE = 1\n"})
+        uid, gid = sb.run_as.split()[:2]
+        groups = f"cd {sb.workdir} && find . ! -user {uid} | head; stat -c %g tlz/__init__.py"
+        before = sb.run_privileged(groups, timeout=60).output.split()
+        result = grade_in(sb, toolz_task, with_new_package, TEST_TIMEOUT)
+        after = sb.run_privileged(groups + " toolz/_fresh", timeout=60).output.split()
+    assert result.resolved, result.reason
+    assert after == [*before, gid] and before[0] != gid, (before, after)
+
+
 def test_reused_sandbox_leftovers_are_not_paid(sandbox, toolz_task):
     """As pipeline.invariants.replay does: the agent's actions, its diff, sandbox.reset(), grade_in in the same
     sandbox. reset() keeps git-ignored files, and the diff leaves out *.pyc: an unchecked pyc the actions wrote
