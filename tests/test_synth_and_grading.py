@@ -158,6 +158,35 @@ def test_patch_that_does_not_apply(toolz_task):
     assert not result.resolved and result.fault == "patch" and result.reason == "patch_does_not_apply"
 
 
+def test_git_reads_the_patch_alike_in_the_session_and_as_root(toolz_task, synth_run, monkeypatch):
+    """Once an image is probed, git reads the patch of a fresh sandbox in its session (as the sandbox user); the
+    first grade of an image reads it as root. Both readings give the same verdicts, dropped files and enforcement."""
+    from pipeline.synthesis.patches import file_diff
+    from pipeline.verifier import grading
+
+    test_file = toolz_task.FAIL_TO_PASS[0].split("::")[0]
+    old = (synth_run[3] / "src" / TOOLZ.key / test_file).read_text()
+    shadow = ("diff --git a/pluggy.py b/pluggy.py\nnew file mode 100644\n--- /dev/null\n+++ b/pluggy.py\n"
+              "@@ -0,0 +1 @@\n+X = 1\n")  # a new top-level module named as an installed one
+    patches = {"gold, a test edited, a module shadowing": toolz_task.patch + file_diff(
+                   test_file, old, old + "\n# edited\n") + shadow,
+               "not applying": "diff --git a/toolz/nothere.py b/toolz/nothere.py\n--- a/toolz/nothere.py\n"
+                               "+++ b/toolz/nothere.py\n@@ -10,2 +10,2 @@\n-a\n+b\n c\n",
+               "empty": ""}
+    in_session, verdicts = [], {}
+    read = grading._list_in_session
+    monkeypatch.setattr(grading, "_list_in_session", lambda *a: in_session.append(read(*a)) or in_session[-1])
+    for name, patch in patches.items():
+        monkeypatch.setattr(grading, "_PROBED", {})
+        readings = [grade(toolz_task, patch) for _ in ("as root, probing", "in the session")]
+        assert len(in_session) == 1 and in_session[0] is not None, (name, readings)  # answered, no fallback
+        in_session.clear()
+        assert len({(g.resolved, g.reason, g.dropped_files, g.enforcement) for g in readings}) == 1, (name, readings)
+        verdicts[name] = (readings[0].resolved, readings[0].reason, set(readings[0].dropped_files))
+    assert verdicts == {"gold, a test edited, a module shadowing": (True, "resolved", {test_file, "pluggy.py"}),
+                        "not applying": (False, "patch_does_not_apply", set()), "empty": (False, "tests_failed", set())}
+
+
 def test_missing_image_is_an_infra_fault(toolz_task):
     import dataclasses
 

@@ -15,12 +15,15 @@ In a fresh sandbox from the task's image, as root and out of the sandbox user's 
    report is made, with a key the code under test never sees; it too must agree;
 6. static flags on what the patch adds (pytest internals, exit hooks, forged verdicts) are
    recorded and, by default, void the reward.
-Steps 1-3 are two privileged round trips into the sandbox; their shell is in pipeline/verifier/steps.py.
+Steps 1-3 are two privileged round trips into the sandbox (one, plus a command in the session, in a fresh
+sandbox of an image already probed); their shell is in pipeline/verifier/steps.py.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import re
 import secrets
 import shlex
@@ -39,10 +42,11 @@ from pipeline.records import Task
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.verifier.junit import guard_disagreements, junit_disagreements
-from pipeline.verifier.steps import GUARD, apply_script, guard_dir, list_script, test_script
+from pipeline.verifier.steps import GIT, GUARD, apply_script, guard_dir, list_script, private_dirs, test_script
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
 from sandbox.privileged import exchange
 
+log = logging.getLogger(__name__)
 GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an older grader are validated again
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
@@ -104,7 +108,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     listed = _list(sandbox, task, patch, private, restore=not fresh)
     if listed is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
-    run = _apply_and_test(sandbox, task, private, *listed, test_timeout)
+    run = _apply_and_test(sandbox, task, patch, private, *listed, test_timeout)
     if run is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
     flags = suspicious_flags(run.effective_patch, flag_kinds(task.patch))
@@ -123,36 +127,73 @@ def _list(sandbox: Sandbox, task: Task, patch: str, private: str, restore: bool)
     """Round trip 1: (plugins, installed names, patch paths, protected reasons); None when git refuses it."""
     key = (sandbox.environment, _interpreter(task.test_cmd))
     probed = _PROBED.get(key) if key[0] else None
-    inputs = {f"{private}/candidate.patch": (patch.encode(), 0o600),
-              f"{guard_dir(sandbox)}/{GUARD}.py": (GUARD_SOURCE.read_bytes(), 0o644)}
+    if probed and not restore:
+        listed = _list_in_session(sandbox, task, patch)
+        if listed == "refused":
+            return None
+        if listed is not None:
+            return probed[0], _reasons(task, *listed, probed[1])
+    inputs = {f"{private}/candidate.patch": (patch.encode(), 0o600)}
     script = list_script(sandbox, private, None if probed else key[1], bool(patch.strip()), restore)
     done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in ("probe", "numstat", "tracked", "refused")],
                     timeout=300)
     if done.exit_code != 0:
         raise SandboxError(f"preparing the grade failed (exit {done.exit_code}): {done.log[-1500:]}")
-    if f"{private}/refused" in done.files:
-        return None
     if not probed:
         lines = done.files[f"{private}/probe"].decode("utf-8", "replace").splitlines()
         probed = (lines[-2].split(), frozenset(lines[-1].split()) | {GUARD})
         if key[0]:
             _PROBED[key] = probed
-    paths = list(dict.fromkeys(numstat_paths(done.files.get(f"{private}/numstat", b""))))
+    if f"{private}/refused" in done.files:
+        return None
     tracked = done.files.get(f"{private}/tracked", b"").decode("utf-8", "surrogateescape").split("\0")
     tops = {t.split("/", 1)[0] for t in tracked if t}
-    reasons = {p: protected_reason(p, task, p.split("/", 1)[0] not in tops, probed[1]) for p in paths}
-    return probed[0], reasons
+    return probed[0], _reasons(task, done.files.get(f"{private}/numstat", b""), tops, probed[1])
 
 
-def _apply_and_test(sandbox: Sandbox, task: Task, private: str, plugins: list[str], reasons: dict[str, str],
-                    timeout: float) -> _Run | None:
+def _list_in_session(sandbox: Sandbox, task: Task, patch: str):
+    """Round trip 1 in a fresh sandbox, once its image is probed: git reads the patch as the sandbox user, in the
+    session (a privileged exec costs ~100 ms; nothing but `prepare` ran there, and nothing here needs root).
+    (numstat, top-level tracked names), "refused", or None when the answer failed or did not fit the session's
+    output (the caller then reads the patch as root)."""
+    if not patch.strip():
+        return b"", set()
+    candidate = f"{sandbox.scratch}/grade-{secrets.token_hex(6)}.patch"
+    sandbox.write_file(candidate, patch)
+    done = sandbox.run(
+        f"set -o pipefail; cd {shlex.quote(sandbox.workdir)} && {GIT} ls-files -z | cut -z -d/ -f1 | sort -zu | "
+        f"base64 -w0 && echo && if {GIT} apply --check {candidate} >/dev/null 2>&1; then "
+        f"{GIT} apply --numstat -z {candidate} | base64 -w0; else echo refused; fi; rc=$?; rm -f {candidate}; "
+        "exit $rc", timeout=300)
+    lines = done.output.rstrip("\n").split("\n")
+    if done.exit_code != 0 or done.cut_bytes or len(lines) != 2:
+        if not done.cut_bytes:
+            log.warning("task %s: git's reading of the patch failed in the session (exit %s): %s; reading it as "
+                        "root instead", task.instance_id, done.exit_code, done.output[-500:])
+        return None
+    if lines[1] == "refused":
+        return "refused"
+    tops = base64.b64decode(lines[0]).decode("utf-8", "surrogateescape").split("\0")
+    return base64.b64decode(lines[1]), {t for t in tops if t}
+
+
+def _reasons(task: Task, numstat: bytes, tops: set[str], installed: frozenset[str]) -> dict[str, str]:
+    """Each path the patch touches (git's numstat) and why it is protected ('' when it is not)."""
+    paths = list(dict.fromkeys(numstat_paths(numstat)))
+    return {p: protected_reason(p, task, p.split("/", 1)[0] not in tops, installed) for p in paths}
+
+
+def _apply_and_test(sandbox: Sandbox, task: Task, patch: str, private: str, plugins: list[str],
+                    reasons: dict[str, str], timeout: float) -> _Run | None:
     """Round trip 2: apply with protected paths put back, run the tests; None when git refuses the patch."""
     pytest_run = task.log_parser in PYTEST_PARSERS
     key = secrets.token_hex(32).encode()
     inputs = {f"{private}/guard.key": (key, 0o600), f"{private}/test.patch": (task.test_patch.encode(), 0o600),
+              f"{private}/candidate.patch": (patch.encode(), 0o600),
+              f"{guard_dir(sandbox)}/{GUARD}.py": (GUARD_SOURCE.read_bytes(), 0o644),
               f"{private}/touched": (_nul_list(list(reasons)), 0o600),
               f"{private}/protect": (_nul_list([p for p in reasons if reasons[p]]), 0o600)}
-    script = (apply_script(sandbox, private) if reasons else "") + \
+    script = private_dirs(sandbox, private) + "\n" + (apply_script(sandbox, private) if reasons else "") + \
         test_script(task, sandbox, private, plugins, timeout, pytest_run)
     names = ("ignored", "refused", "rc", "log", "junit.xml", "guard.log", "effective.patch")
     done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in names], timeout=timeout + 120)

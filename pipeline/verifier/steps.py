@@ -1,10 +1,11 @@
 """The shell the grader runs as root in a sandbox, in two round trips (see sandbox/privileged.py).
 
 1. `list_script`: the tree put back to what `prepare` left, the environment probed (once per
-   image), and git's own reading of the patch: does it apply, which paths it touches.
-2. `apply_and_test_script`: the patch applied with every protected path put back, the test files
-   restored, then the tests run as the sandbox user with their output, exit code, JUnit report and
-   the guard plugin's signed records captured by root.
+   image), and git's own reading of the patch: does it apply, which paths it touches. (In a fresh
+   sandbox of a probed image, git reads the patch in the session instead: pipeline/verifier/grading.py.)
+2. `private_dirs`, `apply_script`, `test_script`: the patch applied with every protected path put
+   back, the test files restored, then the tests run as the sandbox user with their output, exit code,
+   JUnit report and the guard plugin's signed records captured by root.
 """
 
 from __future__ import annotations
@@ -57,18 +58,23 @@ def guard_dir(sandbox: Sandbox) -> str:
 def list_script(sandbox: Sandbox, private: str, python: str | None, patch: bool, restore: bool = True) -> str:
     """Pristine tree (`restore`: a sandbox used since `prepare`); the probe (when `python` is given) to probe;
     git's verdict and paths for the patch."""
-    wd, guard = shlex.quote(sandbox.workdir), guard_dir(sandbox)
+    wd = shlex.quote(sandbox.workdir)
     probe = (f"(cd / && {{ [ -f {CONDA} ] && . {CONDA} testbed; {python} -c {shlex.quote(PROBE)} || "
              f"python3 -c {shlex.quote(PROBE)}; }}) > {private}/probe || exit 1") if python else ""
     listing = (f"cd {wd} && {GIT} ls-files -z > {private}/tracked || exit 1\n"
                f"if {GIT} apply --check {private}/candidate.patch >/dev/null 2>&1; then\n"
                f"  {GIT} apply --numstat -z {private}/candidate.patch > {private}/numstat || exit 1\n"
                f"else echo refused > {private}/refused; fi") if patch else ""
-    own = f"chown -R 0:0 {guard} && " if sandbox.run_as else ""
-    return f"""chmod 0700 {sandbox.private} {private} && {own}chmod -R go-w {guard} || exit 1
+    return f"""chmod 0700 {sandbox.private} {private} || exit 1
 {pristine_tree(sandbox) if restore else ""}
 {probe}
 {listing}"""
+
+
+def private_dirs(sandbox: Sandbox, private: str) -> str:
+    """Shell making the grade's folder root's alone, and the guard plugin's root's, readable by the sandbox user."""
+    own = f"chown -R 0:0 {guard_dir(sandbox)} && " if sandbox.run_as else ""
+    return f"chmod 0700 {sandbox.private} {private} && {own}chmod -R go-w {guard_dir(sandbox)} || exit 1"
 
 
 def pristine_tree(sandbox: Sandbox) -> str:
