@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts)
 PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must neither read nor write
-SESSION_TMPFS = "128m"  # the session's in-memory folder: state, and the current command's full output
+SESSION_TMPFS = "128m"
+_USERS: dict[tuple[str, str], tuple[str, str]] = {}  # (image id, configured user) -> DockerSandbox._users()  # the session's in-memory folder: state, and the current command's full output
 
 
 class DockerSandbox:
@@ -41,8 +42,7 @@ class DockerSandbox:
         self._sock = None
         try:
             self.container = self._start_container()
-            self.user = self.config.user if self.config.user != "auto" else self._default_user()
-            self.run_as = self._run_as()
+            self.user, self.run_as = self._users()
             self._start_shell()
         except Exception:
             self.close()
@@ -80,24 +80,33 @@ class DockerSandbox:
                 raise SandboxError(f"image {self.image} is not on the engine and cannot be pulled "
                                    f"({exc.explanation or exc}): build or pull it first") from exc
 
+    def _users(self) -> tuple[str, str]:
+        """(the user commands run as, `_run_as`), probed once per image and configured user in a process: each
+        probe is an exec (~100 ms) that the image's id answers for."""
+        key = (self.container.attrs.get("Image") or self.image, self.config.user)
+        if key not in _USERS:
+            user = self.config.user if self.config.user != "auto" else self._default_user()
+            _USERS[key] = user, self._run_as(user)
+        return _USERS[key]
+
     def _default_user(self) -> str:
         probe = self.container.exec_run(["id", "-u", SANDBOX_USER], user="root")
         return SANDBOX_USER if probe.exit_code == 0 else ""
 
-    def _run_as(self) -> str:
+    def _run_as(self, user: str) -> str:
         """"uid gid home name" of the user commands drop to from the root loop; "" to run the loop as it."""
-        if not self.user or self.user in ("root", "0"):
+        if not user or user in ("root", "0"):
             return ""
         probe = self.container.exec_run(
-            ["sh", "-c", f"command -v setpriv >/dev/null && id -u {shlex.quote(self.user)} && "
-             f"id -g {shlex.quote(self.user)} && getent passwd {shlex.quote(self.user)} | cut -d: -f6"],
+            ["sh", "-c", f"command -v setpriv >/dev/null && id -u {shlex.quote(user)} && "
+             f"id -g {shlex.quote(user)} && getent passwd {shlex.quote(user)} | cut -d: -f6"],
             user="root")
         fields = probe.output.decode(errors="replace").split()
         if probe.exit_code != 0 or len(fields) != 3:
             log.warning("sandbox %s: no setpriv or no user %s in %s; the shell runs as that user, "
-                        "where it can harm its own session", self.short_id, self.user, self.image)
+                        "where it can harm its own session", self.short_id, user, self.image)
             return ""
-        return f"{fields[0]} {fields[1]} {fields[2]} {self.user}"
+        return f"{fields[0]} {fields[1]} {fields[2]} {user}"
 
     # -- shell -----------------------------------------------------------------------
     def _start_shell(self) -> None:

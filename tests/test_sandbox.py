@@ -329,6 +329,19 @@ def test_cleaning_tmp_does_not_break_the_session(agent_image):
 
 
 @pytest.mark.docker
+def test_the_images_user_is_probed_once_per_image(agent_image, monkeypatch):
+    from sandbox import docker_sandbox
+
+    probed, run_as = [], DockerSandbox._run_as
+    monkeypatch.setattr(docker_sandbox, "_USERS", {})
+    monkeypatch.setattr(DockerSandbox, "_run_as", lambda self, user: probed.append(user) or run_as(self, user))
+    for _ in range(2):
+        with DockerSandbox(agent_image, workdir="/home/agent") as sb:
+            assert sb.run("whoami").output.strip() == "agent" and sb.run_as.split()[3] == "agent"
+    assert probed == ["agent"]
+
+
+@pytest.mark.docker
 def test_kill_all_as_the_sandbox_user_keeps_the_container(agent_image):
     with DockerSandbox(agent_image, workdir="/home/agent") as sb:
         sb.run("export KEEP=1")
