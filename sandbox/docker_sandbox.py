@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts)
 PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must neither read nor write
-SESSION_TMPFS = "128m"
-_USERS: dict[tuple[str, str], tuple[str, str]] = {}  # (image id, configured user) -> DockerSandbox._users()  # the session's in-memory folder: state, and the current command's full output
+SESSION_TMPFS = "128m"  # the session's in-memory folder: state, and the current command's full output
+_USERS: dict[tuple[str, str], tuple[str, str]] = {}  # (image id, configured user) -> DockerSandbox._users()
 
 
 class DockerSandbox:
