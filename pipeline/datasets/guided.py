@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from pipeline.guidance.references import guidance_references, hint_leaks_gold, ungrounded, without_references
+from pipeline.guidance.references import (guidance_references, hint_leaks_gold, read_turns, ungrounded,
+                                          without_references)
 
 if TYPE_CHECKING:
     from pipeline.datasets.config import DatasetConfig
@@ -42,9 +43,10 @@ def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
     counts: dict[str, int] = {}
     for s, completion, prompt in zip(successes.iter_rows(named=True), completions, prompts):
         prompt_text, kind = _prompt_text(prompt), s["guidance_kind"]
-        refers = bool(guidance_references(completion, s["guidance_text"], prompt_text))
+        turns = read_turns(completion)
+        refers = bool(guidance_references(completion, s["guidance_text"], prompt_text, turns))
         shown = _shown_actions(s["guidance_actions"], s["guidance_k"])
-        row_flags = {"refers": refers, "ungrounded": bool(ungrounded(completion)),
+        row_flags = {"refers": refers, "ungrounded": bool(ungrounded(completion, turns)),
                      "hint_gold": hint_leaks_gold(s["guidance_text"], shown, (gold or {}).get(s["instance_id"], ""))}
         for name, value in row_flags.items():
             flags[name].append(value)
