@@ -180,7 +180,8 @@ def test_rows_handing_over_the_gold_diff_are_left_out_and_gold_equal_fixes_kept(
         traj("g6", kind="plan", reward=1.0, sample=6, patch=git_style),  # a correct fix equal to the gold patch
         traj("u7", reward=1.0, sample=7, patch="a different fix"),
         traj("u8", reward=1.0, sample=8, unguided_prompt=(SYSTEM, {"role": "user", "content": f"{ISSUE}\n{hunks}"}))]
-    rows = build_rows(attempts, DatasetConfig(pairs_per_task=50), gold={"t1": GOLD})
+    others = {f"t{i}": GOLD.replace("a - b", f"a - {i}") for i in range(2, 50)}  # a build passes every task's gold
+    rows = build_rows(attempts, DatasetConfig(pairs_per_task=50), gold={"t1": GOLD, **others})
     assert rows.dropped["gold_patch"] == 2
     assert set(rows.dpo["chosen_rollout_id"]) == set(rows.sft["rollout_id"]) == {"u2", "u7", "g0", "g6", "a0"}
 

@@ -121,8 +121,9 @@ def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: 
 def _gold_leaks(t: pl.DataFrame, heavy: pl.DataFrame, gold: dict[str, str] | None) -> pl.Series:
     """Successes whose text hands over the gold diff itself: in the task prompt, or written out by the
     assistant. A correct fix often IS the gold patch (a one-line bug has one fix): that is no leak."""
-    golds = pl.DataFrame({"instance_id": list(gold or {}), "gold": list((gold or {}).values())},
-                         schema={"instance_id": pl.String, "gold": pl.String})
+    ids = t["instance_id"].unique().to_list()  # the run's tasks: `gold` maps every task of the datasets
+    golds = pl.DataFrame({"instance_id": ids, "gold": [(gold or {}).get(i) for i in ids]},
+                         schema={"instance_id": pl.String, "gold": pl.String}).drop_nulls()
     hunks = golds.select("instance_id", hunks=normalized_patch(pl.col("gold")).str.extract(r"(?s)(@@ .*)", 1))
     shown = (t.filter(pl.col("reward") > 0).select("row", "instance_id")
              .join(hunks.filter(pl.col("hunks") != ""), on="instance_id", maintain_order="left"))
@@ -172,7 +173,8 @@ def _unseen(rows: pl.DataFrame, seen: pl.DataFrame | None, on: list[str], droppe
     if seen is None or seen.is_empty():
         dropped[reason] = 0
         return rows
-    kept = rows.join(seen.select(on).unique(), on=on, how="anti", maintain_order="left")
+    kept = rows.join(seen.select(on), on=on, how="anti", maintain_order="left")  # no copy: a repeated key changes
+    # nothing in an anti join, and a build's `seen` grows with every batch before it
     dropped[reason] = rows.height - kept.height
     return kept
 
