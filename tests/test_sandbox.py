@@ -345,7 +345,9 @@ def test_the_images_user_is_probed_once_per_image(agent_image, monkeypatch):
 def test_kill_all_as_the_sandbox_user_keeps_the_container(agent_image):
     with DockerSandbox(agent_image, workdir="/home/agent") as sb:
         sb.run("export KEEP=1")
-        builtin = sb.run("sleep 30 & kill -9 -1; echo after", timeout=20)  # bash's kill spares bash itself
+        # bash's kill spares bash itself; the sleep is started from a subshell, so it is no job of the session's
+        # bash and no "Killed" job notice races the echo into the output
+        builtin = sb.run("(sleep 30 &); kill -9 -1; echo after", timeout=20)
         assert (builtin.exit_code, builtin.output, builtin.shell_restarted) == (0, "after\n", False)
         killed = sb.run("sleep 30 & python3 -c 'import os; os.kill(-1, 9)'; echo unreachable", timeout=20)
         assert (killed.exit_code, killed.output, killed.shell_restarted) == (137, "", False)
