@@ -28,3 +28,13 @@ def test_dagster_validates_code_location(tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Validation successful" in done.stdout + done.stderr
+
+
+def test_loading_the_code_location_imports_no_library_it_only_needs_to_grade_or_train():
+    """Every code server, daemon and run loads the definitions: swebench's harness (with its docker, datasets, pandas
+    and modal imports) cost each of them ~4 s of CPU, and torch would cost more; they are imported where used."""
+    heavy = ("swebench.harness", "datasets", "pandas", "modal", "torch", "transformers", "trl")
+    probe = f"import sys, assets.definitions; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

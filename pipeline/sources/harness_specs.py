@@ -21,8 +21,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from swebench.harness.constants import END_TEST_OUTPUT, NON_TEST_EXTS, START_TEST_OUTPUT
-from swebench.task.checks import expected_image
 
 SPECS_FILE = "data/swebench_test_cmds.txt"
 SPECS_SOURCE = "swebench==4.1.0 swebench/harness/constants/python.py MAP_REPO_VERSION_TO_SPECS_PY"
@@ -40,6 +38,8 @@ SWE_GYM_NAMESPACE = "xingyaoww"
 
 def swebench_image(instance_id: str, namespace: str = "swebench") -> str:
     """The image SWE-bench publishes for an instance (`__` spelt `_1776_`), as swebench derives it."""
+    from swebench.task.checks import expected_image
+
     return expected_image(instance_id, namespace)
 
 
@@ -66,6 +66,8 @@ def spec_repos() -> frozenset[str]:
 
 def harness_directives(repo: str, test_patch: str) -> list[str]:
     """What the harness appends to test_cmd: the test_patch's files minus data files; Django's as module labels."""
+    from swebench.harness.constants import NON_TEST_EXTS  # imported here: see `parser_registry`
+
     directives = [d for d in _DIFF_TARGET.findall(test_patch) if not d.endswith(tuple(NON_TEST_EXTS))]
     if repo == "django/django":  # runtests.py takes dotted labels relative to tests/
         directives = [d.removesuffix(".py").removeprefix("tests/").replace("/", ".") for d in directives]
@@ -80,6 +82,8 @@ def harness_test_cmd(repo: str, version: str, test_patch: str) -> str | None:
 
 def eval_script_test_cmd(eval_script: str) -> str | None:
     """The lines a swebench 5 row's eval_script runs between its test-output markers, or None without them."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+
     lines = eval_script.splitlines()
     starts = [i for i, line in enumerate(lines) if START_TEST_OUTPUT in line]
     ends = [i for i, line in enumerate(lines) if END_TEST_OUTPUT in line]
@@ -97,7 +101,9 @@ def resolve_log_parser(name: str) -> str | None:
 @functools.cache
 def parser_registry() -> dict[str, Any]:
     """swebench's PARSER_REGISTRY: log parser name -> function."""
-    from swebench.harness.log_parsers import PARSER_REGISTRY  # imported here: it pulls in docker
+    # Imported here: `swebench.harness` imports its docker, datasets (pandas) and modal modules, seconds of CPU in
+    # every process that loads the pipeline (a Dagster code server, the daemon) and never reads a log
+    from swebench.harness.log_parsers import PARSER_REGISTRY
 
     return PARSER_REGISTRY
 

@@ -10,8 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from swebench.harness.log_parsers import PARSER_REGISTRY
-
+from pipeline.sources.harness_specs import parser_registry
 from pipeline.synthesis.callmap import CallMap
 from pipeline.synthesis.packages import PackageError, PackageSpec, test_command
 from sandbox.base import Sandbox
@@ -39,7 +38,7 @@ class Baseline:
 def run_suite(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
     """Status per test, the log and whether it timed out (output read from a file: never capped)."""
     text, timed_out = _logged_run(sandbox, test_command(spec), "suite.log", timeout)
-    return PARSER_REGISTRY[LOG_PARSER](text, None), text, timed_out
+    return parser_registry()[LOG_PARSER](text, None), text, timed_out
 
 
 def with_test_files(spec: PackageSpec, files: tuple[str, ...] | None) -> PackageSpec:

@@ -34,8 +34,6 @@ from pathlib import Path
 from typing import Literal
 
 import docker.errors
-from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
-from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec
 
 from pipeline.records import Task
@@ -225,6 +223,8 @@ def _nul_list(paths: list[str]) -> bytes:
 
 def _swebench_log(run: _Run) -> str:
     """swebench's log: the tests' output with any marker-like line dropped, framed by root's markers."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE  # see `_graded`
+
     body = "\n".join(line for line in run.output.splitlines() if ">>>>>" not in line)
     return f"{START_TEST_OUTPUT}\n{body}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {run.exit_code}\n"
 
@@ -237,6 +237,10 @@ def test_spec(task: Task) -> TestSpec:
 
 
 def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
+    # Imported on first grade: `swebench.harness` imports its docker, datasets (pandas) and modal modules, ~4.5 s
+    # of every process that loads the pipeline (a Dagster code server, the daemon, a run) and never grades.
+    from swebench.harness.grading import get_eval_report
+
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
         f.write(log)
         f.flush()
