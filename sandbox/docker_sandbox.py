@@ -15,6 +15,7 @@ import docker.errors
 
 from sandbox import session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
+from sandbox.exec_stream import privileged_argv, read_output
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import STATE_DIR, ShellClosed, ShellSession, kill_all_command, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
@@ -97,11 +98,9 @@ class DockerSandbox:
         """"uid gid home name" of the user commands drop to from the root loop; "" to run the loop as it."""
         if not user or user in ("root", "0"):
             return ""
-        probe = self.container.exec_run(
-            ["sh", "-c", f"command -v setpriv >/dev/null && id -u {shlex.quote(user)} && "
-             f"id -g {shlex.quote(user)} && getent passwd {shlex.quote(user)} | cut -d: -f6"],
-            user="root")
-        fields = probe.output.decode(errors="replace").split()
+        probe = self.run_privileged(f"command -v setpriv >/dev/null && id -u {shlex.quote(user)} && "
+                                    f"id -g {shlex.quote(user)} && getent passwd {shlex.quote(user)} | cut -d: -f6", 60)
+        fields = probe.output.split()
         if probe.exit_code != 0 or len(fields) != 3:
             log.warning("sandbox %s: no setpriv or no user %s in %s; the shell runs as that user, "
                         "where it can harm its own session", self.short_id, user, self.image)
@@ -182,16 +181,17 @@ class DockerSandbox:
 
     def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
         """Run `command` as root in its own exec, apart from the session, `stdin` on its standard input;
-        stdout and stderr together, decoded with surrogateescape (so encoding it back gives the bytes)."""
+        stdout and stderr together, decoded with surrogateescape (so encoding it back gives the bytes).
+        The exec outlives its output, which the engine could otherwise drop (sandbox/exec_stream.py)."""
         start = time.monotonic()
-        argv = ["timeout", "-k", "5", str(max(int(timeout), 1)), "bash", "--noprofile", "--norc", "-c", command]
+        argv, marker = privileged_argv(command, timeout, bool(stdin))
         try:
-            exec_id = self.client.api.exec_create(self.container.id, argv, stdin=bool(stdin), stdout=True,
+            exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True,
                                                   stderr=True, user="root")["Id"]
             sock = self.client.api.exec_start(exec_id, socket=True)._sock
             try:
                 sock.sendall(stdin)  # the command reads exactly this many bytes: no end-of-file needed
-                output = _read_all_frames(sock, timeout + 30)
+                output = read_output(sock, marker, timeout + 30)
             finally:
                 sock.close()
             code = self.client.api.exec_inspect(exec_id)["ExitCode"]
@@ -254,24 +254,3 @@ class DockerSandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _read_all_frames(sock, timeout: float) -> bytes:
-    """Every stdout and stderr byte of a multiplexed exec stream, until it ends (or `timeout` seconds pass)."""
-    sock.settimeout(timeout)
-    data, deadline = bytearray(), time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            data += chunk
-        else:
-            raise SandboxError(f"a privileged command did not end within {timeout:.0f} s")
-    except socket.timeout as exc:
-        raise SandboxError(f"a privileged command did not end within {timeout:.0f} s") from exc
-    out, at = bytearray(), 0
-    while at + 8 <= len(data):  # 8-byte frame header: stream, 3 pad, length
-        _, size = struct.unpack(">BxxxL", data[at:at + 8])
-        out += data[at + 8:at + 8 + size]
-        at += 8 + size
-    return bytes(out)

@@ -364,3 +364,48 @@ def test_a_forged_frame_cannot_reach_the_session(agent_image):
         tried = sb.run(forge)
         assert "FORGED" not in tried.output and tried.output.endswith("tried\n")
         assert [sb.run(f"echo {w}").output for w in ("one", "two", "three")] == ["one\n", "two\n", "three\n"]
+
+
+def test_a_privileged_command_exits_only_after_its_output_was_read():
+    """The engine drops an exec's output still in flight 2 s after the process exits; the process therefore waits
+    for the client's answer, sent once the output's end marker came (a fake stream over a socket pair)."""
+    import socket
+    import struct
+
+    from sandbox.exec_stream import privileged_argv, read_output
+
+    argv, marker = privileged_argv("cat /root-only", 30, reads_stdin=False)
+    assert argv[-3:] == ["cat /root-only", marker.decode(), "0"]
+    frame = lambda kind, data: struct.pack(">BxxxL", kind, len(data)) + data  # noqa: E731
+    client, engine = socket.socketpair()
+    answered = []
+
+    def serve():
+        engine.sendall(frame(1, b"sec") + frame(2, b"warn\n") + frame(1, b"ret\n" + marker[:5]))
+        time.sleep(0.2)  # the marker split over frames, late
+        engine.sendall(frame(1, marker[5:]))
+        answered.append(engine.recv(1))  # the process exits only now
+        engine.close()
+
+    server = threading.Thread(target=serve)
+    server.start()
+    assert read_output(client, marker, 10) == b"secret\nwarn\n"
+    server.join()
+    assert answered == [b"\n"]
+    client, engine = socket.socketpair()  # the process was killed before its marker: what came is kept
+    engine.sendall(frame(1, b"partial"))
+    engine.close()
+    assert read_output(client, marker, 10) == b"partial"
+
+
+@pytest.mark.docker
+def test_privileged_output_is_exact_and_ends_with_the_command(base_image):
+    """stdout and stderr in order, bytes kept, no marker left over; a command without input reads nothing; the
+    exit code and a timeout come back as before."""
+    with DockerSandbox(base_image, workdir="/tmp") as sb:
+        done = sb.run_privileged("printf 'a\\377b\\n'; echo err >&2; echo out; cat; exit 3", 30)
+        assert (done.exit_code, done.output.encode("utf-8", "surrogateescape")) == (3, b"a\xffb\nerr\nout\n")
+        fed = sb.run_privileged("head -c 5; echo ' fed'", 30, stdin=b"12345")
+        assert (fed.exit_code, fed.output) == (0, "12345 fed\n")
+        slow = sb.run_privileged("sleep 30", 1)
+        assert slow.timed_out and slow.exit_code == 124 and slow.output == ""

@@ -1,0 +1,77 @@
+"""A privileged command in an exec of its own, whose output cannot be lost.
+
+The engine waits at most 2 s after an exec's process exits for the process's output to be copied out, then
+closes the streams (moby, daemon/monitor.go); on a loaded machine the output of a short command was lost that
+way (`cat` of a file came back empty). So the process outlives its output: the command's output (its stderr
+into its stdout, in order) ends with a marker, and the process exits only once the client has read the marker
+and answered on the process's standard input. Nothing is in flight when it exits.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import struct
+import time
+
+from sandbox.base import SandboxError
+
+# $1: seconds, $2: the command, $3: the marker, $4: "1" when the command reads the caller's bytes on its standard
+# input (else it reads nothing: /dev/null). The answer is awaited at most a minute: a client gone leaves no process.
+WRAPPER = ('if [ "$4" = 1 ]; then timeout -k 5 "$1" bash --noprofile --norc -c "$2" 2>&1; '
+           'else timeout -k 5 "$1" bash --noprofile --norc -c "$2" < /dev/null 2>&1; fi; '
+           'rc=$?; printf %s "$3"; read -r -t 60 _; exit $rc')
+
+
+def privileged_argv(command: str, timeout: float, reads_stdin: bool) -> tuple[list[str], bytes]:
+    """The exec's command line and the marker its output ends with."""
+    marker = f"\n__HANDHOLD_END_{secrets.token_hex(8)}__"
+    argv = ["bash", "--noprofile", "--norc", "-c", WRAPPER, "handhold-privileged", str(max(int(timeout), 1)),
+            command, marker, "1" if reads_stdin else "0"]
+    return argv, marker.encode()
+
+
+def read_output(sock, marker: bytes, timeout: float) -> bytes:
+    """The command's output, once its marker came (then the process is told to exit and the stream drained), or
+    whatever came before the stream ended (the process was killed: no marker)."""
+    reader = _Frames(sock, time.monotonic() + timeout, timeout)
+    while not reader.out.endswith(marker):
+        if not reader.read():
+            return bytes(reader.out + reader.err)
+    try:
+        sock.sendall(b"\n")
+    except OSError:
+        pass
+    reader.deadline = time.monotonic() + 30
+    while reader.read():
+        pass
+    return bytes(reader.out[:-len(marker)] + reader.err)
+
+
+class _Frames:
+    """The multiplexed exec stream, frame by frame: 8-byte header (stream, 3 pad, length), then the bytes."""
+
+    def __init__(self, sock, deadline: float, timeout: float):
+        self.sock, self.deadline, self.timeout = sock, deadline, timeout
+        self.out, self.err, self._buf = bytearray(), bytearray(), b""
+
+    def read(self) -> bool:
+        """Read what is there; False once the stream ended."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise SandboxError(f"a privileged command did not end within {self.timeout:.0f} s")
+        self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except socket.timeout as exc:
+            raise SandboxError(f"a privileged command did not end within {self.timeout:.0f} s") from exc
+        if not chunk:
+            return False
+        self._buf += chunk
+        while len(self._buf) >= 8:
+            kind, size = struct.unpack(">BxxxL", self._buf[:8])
+            if len(self._buf) < 8 + size:
+                break
+            (self.out if kind == 1 else self.err).extend(self._buf[8:8 + size])
+            self._buf = self._buf[8 + size:]
+        return True
