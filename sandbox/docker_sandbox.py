@@ -253,4 +253,3 @@ class DockerSandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

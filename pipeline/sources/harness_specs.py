@@ -21,7 +21,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-
 SPECS_FILE = "data/swebench_test_cmds.txt"
 SPECS_SOURCE = "swebench==4.1.0 swebench/harness/constants/python.py MAP_REPO_VERSION_TO_SPECS_PY"
 # the harness's own pattern (swebench 4.1.0 test_spec/python.py get_test_directives)
