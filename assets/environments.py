@@ -3,6 +3,8 @@
 import dataclasses
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 
@@ -33,16 +35,23 @@ def sandbox_base_image(settings: HandholdSettings) -> dg.MaterializeResult:
 
 
 def each_package(context, settings: HandholdSettings, make) -> tuple[dict, dict]:
-    """`make(spec)` for every configured package: what each made, and why each that failed did (logged; the
-    `tasks` asset records these packages in rejects.parquet and keeps the others' tasks)."""
-    made, failed, cache = {}, {}, settings.layout().cache()
-    for spec in package_specs(settings.resolved().synth.packages):
+    """`make(spec)` for every configured package, one per core at once (downloads, wheel and image builds are
+    mostly one process each): what each made, and why each that failed did (logged; the `tasks` asset records
+    these packages in rejects.parquet and keeps the others' tasks). Both in the configured order."""
+    cache, specs = settings.layout().cache(), package_specs(settings.resolved().synth.packages)
+
+    def one(spec) -> tuple[str | None, str | None]:
         try:
             with package_lock(cache, spec.name):
-                made[spec.key] = make(spec)
+                return make(spec), None
         except PackageError as error:
-            failed[spec.key] = f"{error.stage}: {error}"
             context.log.warning(f"package {spec.key} set aside at {error.stage}: {str(error)[:500]}")
+            return None, f"{error.stage}: {error}"
+
+    with ThreadPoolExecutor(max(min(len(specs), os.cpu_count() or 1), 1)) as pool:
+        results = list(pool.map(one, specs))
+    made = {spec.key: out for spec, (out, why) in zip(specs, results) if why is None}
+    failed = {spec.key: why for spec, (_, why) in zip(specs, results) if why is not None}
     return made, failed
 
 

@@ -294,3 +294,30 @@ def test_the_empty_patch_must_fail_exactly_fail_to_pass_when_exact(tmp_path):
     assert not isinstance(strict, Task) and strict.reason.startswith(FLAKY_BUG)
     both = dataclasses.replace(task, FAIL_TO_PASS=(add, double), PASS_TO_PASS=())
     assert isinstance(check_task(both, sandboxes=sandboxes, exact=True), Task)
+
+
+def test_packages_are_fetched_and_built_at_once_each_failure_named_and_the_order_kept(tmp_path, monkeypatch):
+    """`each_package` (task_sources, environment_images): one package per core at once; a package that fails is
+    reported with its stage and the others are still made."""
+    import threading
+
+    from assets.environments import each_package
+    from assets.resources import HandholdSettings
+    from pipeline.synthesis.packages import PackageError
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    settings = HandholdSettings(data_dir=str(tmp_path), synth={"packages": ["toolz", "tabulate", "boltons"]})
+    both = threading.Barrier(2, timeout=30)  # broken unless two packages are being made at the same time
+    warnings = []
+
+    def make(spec):
+        if spec.name == "tabulate":
+            raise PackageError(f"{spec.key}: no sdist", "fetch")
+        both.wait()
+        return f"made {spec.key}"
+
+    context = type("Context", (), {"log": type("Log", (), {"warning": staticmethod(warnings.append)})})()
+    made, failed = each_package(context, settings, make)
+    assert list(made) == ["toolz-1.0.0", "boltons-25.0.0"] and made["toolz-1.0.0"] == "made toolz-1.0.0"
+    assert failed == {"tabulate-0.9.0": "fetch: tabulate-0.9.0: no sdist"}
+    assert len(warnings) == 1 and "tabulate-0.9.0 set aside at fetch" in warnings[0]

@@ -20,7 +20,7 @@ from pipeline.record_parts import Action
 from tests.test_datasets_build import TASK_T1, traj
 from training.actguide import ActGuideTrainer, response_logps, train_actguide
 from training.actguide_examples import group_advantages, prepare_examples, training_group
-from training.common import read_run, read_split
+from training.common import load_model, read_run, read_split
 from training.config import ActGuideTrainingConfig, DPOTrainingConfig, LoraSettings
 from training.dpo import train_dpo
 from training.tiny_model import IM_END, build_tiny_model
@@ -76,6 +76,39 @@ def test_dpo_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path
     used = json.loads((result.run_dir / "config.json").read_text())
     assert used["settings"]["beta"] == 0.1 and used["starting_model"] == tiny
     assert (result.run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_right_padded_batch_runs_without_its_mask_and_scores_its_tokens_the_same(tiny):
+    hooked, plain = load_model(tiny, "fp32"), AutoModelForCausalLM.from_pretrained(tiny)
+    lengths = [40, 25, 3]
+    ids = torch.randint(5, 200, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(0))
+    right = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths])
+    seen = []
+    hooked.base_model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("attention_mask")),
+                                                with_kwargs=True)
+    with torch.no_grad():
+        ours, theirs = hooked(input_ids=ids, attention_mask=right).logits, plain(input_ids=ids, attention_mask=right).logits
+        assert seen[-1] is None
+        for row, n in enumerate(lengths):
+            torch.testing.assert_close(ours[row, :n], theirs[row, :n])
+        left = right.flip(1)  # left padding changes what a real token attends to: the mask stays
+        torch.testing.assert_close(hooked(input_ids=ids, attention_mask=left).logits,
+                                   plain(input_ids=ids, attention_mask=left).logits)
+        assert seen[-1] is not None and torch.equal(seen[-1], left)
+
+
+def test_no_dpo_forward_materializes_an_attention_mask(folder, tiny, tmp_path, monkeypatch):
+    """Policy and reference alike (TRL loads the reference itself): every attention call of a DPO step over
+    rows of different lengths takes the causal kernel."""
+    masks, attention = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask"))
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    train_dpo(dpo_config(max_steps=1), tiny, folder, tmp_path / "run")
+    assert len(masks) >= 4 and all(mask is None for mask in masks)  # 2 layers x (policy + reference)
 
 
 def test_dpo_with_lora_saves_an_adapter_that_loads(folder, tiny, tmp_path):

@@ -62,7 +62,29 @@ def load_model(path: str, precision: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, PRECISION_DTYPES[precision]))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, PRECISION_DTYPES[precision]))
+    return without_right_padding_mask(model)
+
+
+def without_right_padding_mask(model):
+    """The causal LM `model`, its backbone called without the attention mask of a batch padded on the right.
+
+    In a causal LM a real token attends only to the tokens before it, all real when the padding is on the
+    right, so its outputs are the same with or without the mask; without one, torch's attention takes its causal
+    kernel instead of materializing a mask (a DPO step of 8 x 4k tokens on the CPU: about half the time). Only
+    the pad positions' outputs change, and every loss here masks them. Any other mask (left padding, a row that
+    starts with padding), position ids or a cache passed: the call is left as it is. The hook sits on the
+    backbone, which PEFT's wrappers and TRL's fused head still call as a module."""
+    def hook(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if (mask is not None and mask.dim() == 2 and kwargs.get("position_ids") is None
+                and kwargs.get("past_key_values") is None and bool(mask[:, 0].all())
+                and bool((mask[:, 1:] <= mask[:, :-1]).all())):
+            kwargs["attention_mask"] = None
+        return args, kwargs
+
+    model.base_model.register_forward_pre_hook(hook, with_kwargs=True)
+    return model
 
 
 def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from trl.data_utils import common_prefix_length
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 from trl.trainer.utils import global_then_local_main_first, pad
 
+from training.common import without_right_padding_mask
 from training.tokens import end_of_turn_ids
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,8 @@ class AssistantOnlyDPOTrainer(DPOTrainer):
             pad_token_id=pad_id if pad_id is not None else processing_class.eos_token_id,
             pad_to_multiple_of=args.pad_to_multiple_of)
         super().__init__(model, args=args, processing_class=processing_class, data_collator=collator, **kwargs)
+        if self.ref_model is not None:  # TRL loads the reference itself
+            without_right_padding_mask(self.accelerator.unwrap_model(self.ref_model))
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         if not isinstance(dataset, Dataset):
