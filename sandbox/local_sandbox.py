@@ -44,8 +44,10 @@ class LocalSandbox:
     def _start_shell(self) -> None:
         session = ShellSession(self._send, self._recv, self._interrupt, cap=self.output_cap)
         argv = server_argv(self._state, session.marker, self.output_cap, self.workdir)
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        # As in a Docker sandbox, Python writes no bytecode into the tree, whatever the host's setting: an edit of
+        # the same size in the second its module was compiled would run the stale code
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      start_new_session=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         self._shell = session
 
     def _send(self, data: bytes) -> None:

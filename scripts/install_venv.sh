@@ -23,11 +23,10 @@ for line in sys.stdin:
         for item in value.strip("\x27\"").split():
             print(flags[option]); print(item)
 ')
-    # --compile-bytecode: uv leaves it to the first import otherwise (pip compiles at install), and where
-    # PYTHONDONTWRITEBYTECODE is set no import ever writes it: every process compiled torch, transformers and
-    # dagster from source again (`import assets.definitions` 5.7 -> 3.0 CPU s with bytecode; a transformers
-    # model class 12.3 -> 6.2 s), for ~35 CPU s once here.
-    if "$UV" pip install -q --compile-bytecode --python "$VENV/bin/python" --index-strategy unsafe-best-match \
+    # No bytecode is compiled here (uv leaves it to the first import): `make test` and `make dev` let Python write
+    # the bytecode of what their processes import (the Makefile's WRITE_BYTECODE), and `make demo`, one process,
+    # compiles what it imports in memory, for less than the ~40 s a full compile of the venv cost here.
+    if "$UV" pip install -q --python "$VENV/bin/python" --index-strategy unsafe-best-match \
         "${pip_indexes[@]}" -c constraints.txt -e '.[test]'; then
         installed=1
     else
@@ -37,6 +36,3 @@ fi
 if [ -z "${installed:-}" ]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
 fi
-# The project's own packages too (installed editable: their bytecode lives beside them, and a stale file is
-# compiled again from its source, as always)
-"$VENV/bin/python" -m compileall -q -j 0 pipeline assets training sandbox >/dev/null

@@ -97,8 +97,9 @@ def editable_requirements(root: Path, cache: Path) -> list[str]:
             raise BackendError(f"installing the build backend failed: `{' '.join(pip)}`: {done.stderr.strip()[-800:]}")
         (target / ".complete").touch()
     path = os.pathsep.join([str(target), *(str(root / p) for p in backend_path)])
+    # No bytecode written: the backend runs in the source tree, which the image is made from as shipped
     done = subprocess.run([sys.executable, "-c", HOOK, backend], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode != 0 or not lines:
         raise BackendError(f"the build backend {backend} does not answer get_requires_for_build_editable "
