@@ -21,7 +21,8 @@ TEST_WORKERS ?= 3
 WRITE_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 
 test: base-image chromium redis
-	$(WRITE_BYTECODE) HANDHOLD_REQUIRE_DOCKER=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(WRITE_BYTECODE) HANDHOLD_REQUIRE_DOCKER=1 \
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The Dagster UI: the code location `handhold` ([tool.dagster] in pyproject.toml), the instance in DAGSTER_HOME
 # (its dagster.yaml caps the sandboxes pool: HANDHOLD_SANDBOX_POOL_LIMIT=N make dev).

@@ -87,7 +87,8 @@ def test_a_right_padded_batch_runs_without_its_mask_and_scores_its_tokens_the_sa
     hooked.base_model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("attention_mask")),
                                                 with_kwargs=True)
     with torch.no_grad():
-        ours, theirs = hooked(input_ids=ids, attention_mask=right).logits, plain(input_ids=ids, attention_mask=right).logits
+        ours = hooked(input_ids=ids, attention_mask=right).logits
+        theirs = plain(input_ids=ids, attention_mask=right).logits
         assert seen[-1] is None
         for row, n in enumerate(lengths):
             torch.testing.assert_close(ours[row, :n], theirs[row, :n])
