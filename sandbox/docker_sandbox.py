@@ -13,7 +13,7 @@ import time
 import docker
 import docker.errors
 
-from sandbox import session_files
+from sandbox import become_builtin, session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
 from sandbox.exec_stream import privileged_argv, read_output
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
@@ -62,8 +62,9 @@ class DockerSandbox:
                 mem_limit=c.memory, memswap_limit=c.memory, nano_cpus=int(c.cpus * 1e9),
                 pids_limit=c.pids, working_dir=self.workdir if self.workdir else None,
                 # The session's state and each command's output live in memory: a new file per
-                # command on the overlay costs milliseconds. Output past the cap is cut (ENOSPC).
-                tmpfs={STATE_DIR: f"size={SESSION_TMPFS},mode=0700"},
+                # command on the overlay costs milliseconds. Output past the cap is cut (ENOSPC). exec: the
+                # loop loads its builtin from there (sandbox/become_builtin.py).
+                tmpfs={STATE_DIR: f"size={SESSION_TMPFS},mode=0700,exec"},
                 labels={LABEL: "sandbox", f"{LABEL}.pid": str(os.getpid()),
                         f"{LABEL}.host": socket.gethostname(), f"{LABEL}.started": str(int(time.time()))},
             )
@@ -109,8 +110,9 @@ class DockerSandbox:
 
     # -- shell -----------------------------------------------------------------------
     def _start_shell(self) -> None:
-        marker_session = ShellSession(self._send, self._recv, self._interrupt, cap=self.config.output_cap)
-        argv = server_argv(STATE_DIR, marker_session.marker, self.config.output_cap, self.workdir, self.run_as)
+        marker_session = ShellSession(self._send, self._recv, self._interrupt, cap=self.config.output_cap,
+                                      become=become_builtin.encoded())
+        argv = server_argv(STATE_DIR, self.config.output_cap, self.workdir, self.run_as)
         loop_user = "root" if self.run_as else (self.user or "")
         exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
                                               tty=False, user=loop_user)["Id"]

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandbox import become_builtin
 from sandbox.base import DEFAULT_TIMEOUT, OUTPUT_CAP, CommandResult, SandboxError
 from sandbox.shell import ShellSession, kill_all_command, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
@@ -42,8 +43,9 @@ class LocalSandbox:
         self.base_commit = base_commit or self._head()
 
     def _start_shell(self) -> None:
-        session = ShellSession(self._send, self._recv, self._interrupt, cap=self.output_cap)
-        argv = server_argv(self._state, session.marker, self.output_cap, self.workdir)
+        session = ShellSession(self._send, self._recv, self._interrupt, cap=self.output_cap,
+                               become=become_builtin.encoded())
+        argv = server_argv(self._state, self.output_cap, self.workdir)
         # As in a Docker sandbox, Python writes no bytecode into the tree, whatever the host's setting: an edit of
         # the same size in the second its module was compiled would run the stale code
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -5,16 +5,20 @@ command in a child bash of its own process group, so a command's whole process g
 killed without killing the session. The child restores the previous command's cwd and
 exported variables and saves them on exit, which is what makes them persist.
 
-In a container the loop runs as root and each command drops to the sandbox user
-(`setpriv`), so nothing the agent runs can delete the session's state, write into the
-session's stream or kill the loop. State and cwd reach the command through inherited
-descriptors (3: the state to restore, 4: where to save it, 5: the command). The state lives
-in two files that swap roles when a command saved one, so no copy is made. Each command writes
-to a fresh output file, emptied once read and removed in batches, so a background process that
-outlives its command writes nowhere that a later result reads. The loop answers with a header
-(marker, exit code, size) and at most `cap` bytes, the head and the tail. Per command the loop
-forks once (the command); everything else is a bash builtin, which is what keeps a command at a
-few milliseconds.
+In a container the loop runs as root and each command's shell drops to the sandbox user, so
+nothing the agent runs can delete the session's state, write into the session's stream or kill
+the loop. The command's shell is a fork of the loop (a subshell) that drops with the
+`handhold_drop` builtin (sandbox/drop_builtin.c, loaded once by the loop) and forgets the loop's
+own variables; where the builtin cannot be loaded it is a fresh bash run through `setpriv`, two
+execs more (~4 ms). State and cwd reach the command through inherited descriptors (3: the state
+to restore, 4: where to save it, 5: the command). The state lives in two files that swap roles
+when a command saved one, so no copy is made. Each command writes to a fresh output file, emptied
+once read and removed in batches, so a background process that outlives its command writes
+nowhere that a later result reads. The loop answers with a header (marker, exit code, size) and
+at most `cap` bytes, the head and the tail. The marker is the first line the loop reads, never on
+a command line: a command's shell, a fork of the loop, shows the loop's. Per command the loop
+forks once; everything else is a bash builtin, which is what keeps a command at a few
+milliseconds.
 """
 
 from __future__ import annotations
@@ -30,25 +34,38 @@ log = logging.getLogger(__name__)
 
 STATE_DIR = "/run/handhold-shell"  # in a container: root's, mode 0700
 
-# $1: state dir, $2: marker, $3: output cap in bytes, $4: workdir, $5: "uid gid home name" of the
-# user commands run as ("" runs them as the loop's own user). The loop's own locale is C (not
-# exported) so that `read -N` counts bytes; `set -m` gives each command its own process group,
-# whose id goes to $S/pid for `interrupt`. NUL bytes in output are dropped.
+# $1: state dir, $2: output cap in bytes, $3: workdir, $4: "uid gid home name" of the user commands
+# run as ("" runs them as the loop's own user). The loop first reads the marker (a line) and the
+# `handhold_become` builtin (its length, then it, base64; none, or one that does not load: each
+# command's shell is a fresh bash, through setpriv for a user), then requests. Neither is on its
+# command line, which `ps` shows the agent. The loop's own locale is C (not exported) so that
+# `read -N` counts bytes; `set -m` gives each command its own process group, whose id goes to
+# $S/pid for `interrupt`. A forked command's shell unsets the loop's variables before it restores
+# the state. NUL bytes in output are dropped.
 SERVER_SCRIPT = r"""
 exec 2>/dev/null  # job notices ("[1]+ Done") must never reach the protocol stream
-S="$1"; M="$2"; CAP="$3"; RUN=(); I=0; A="$S/state.0"; B="$S/state.1"
-(umask 077; mkdir -p "$S"); cd "$4" 2>/dev/null || cd /
-if [ -n "$5" ]; then
-  read -r U G H NAME <<< "$5"; RUN=(setpriv "--reuid=$U" "--regid=$G" --init-groups --)
+S="$1"; CAP="$2"; I=0; A="$S/state.0"; B="$S/state.1"; USR=; RUN=(); FORK=
+(umask 077; mkdir -p "$S"); cd "$3" 2>/dev/null || cd /
+if [ -n "$4" ]; then
+  read -r U G H NAME <<< "$4"; USR="$U $G $NAME"; RUN=(setpriv "--reuid=$U" "--regid=$G" --init-groups --)
   export HOME="$H" USER="$NAME" LOGNAME="$NAME"
 fi
 { export -p; printf 'cd -- %q\n' "$PWD"; } > "$A"
 C='. /dev/fd/3; exec 3<&-; trap '"'"'{ export -p; printf "cd -- %q\n" "$PWD"; } >&4'"'"' EXIT; . /dev/fd/5'
-export -n LC_ALL; LC_ALL=C; set -m
+export -n LC_ALL; LC_ALL=C; set -m; IFS= read -r M; IFS= read -r N; IFS= read -r -d '' -N "$N" SO
+[ -n "$SO" ] && base64 -d <<< "$SO" > "$S/become.so" && enable -f "$S/become.so" handhold_become &&
+  ( handhold_become $USR && [ "$$ $(id -u)" = "$BASHPID ${U:-$(id -u)}" ] ) && FORK=1; SO=
 while IFS= read -r N; do
   IFS= read -r -d '' -N "$N" CMD; printf '%s' "$CMD" > "$S/cmd"
   I=$((I + 1)); O="$S/out.$I"; [ $((I % 64)) = 0 ] && rm -f "$S"/out.*
-  "${RUN[@]}" bash --noprofile --norc -c "$C" < /dev/null > "$O" 2>&1 3< "$A" 4> "$B" 5< "$S/cmd" &
+  if [ -n "$FORK" ]; then
+    ( handhold_become $USR || exit 126
+      unset -v S CAP I A B USR RUN FORK SO M U G H NAME C N CMD O EC OUT T LC_ALL; set +m --; BASH_ARGV0=bash
+      . /dev/fd/3; exec 3<&-; trap '{ export -p; printf "cd -- %q\n" "$PWD"; } >&4' EXIT; . /dev/fd/5
+    ) < /dev/null > "$O" 2>&1 3< "$A" 4> "$B" 5< "$S/cmd" &
+  else
+    "${RUN[@]}" bash --noprofile --norc -c "$C" < /dev/null > "$O" 2>&1 3< "$A" 4> "$B" 5< "$S/cmd" &
+  fi
   printf '%s\n' "$!" > "$S/pid"; printf '%s\n' "$!" >> "$S/pgids"; wait "$!"
   EC=$?; OUT=
   [ -s "$B" ] && { T="$A"; A="$B"; B="$T"; }
@@ -78,16 +95,19 @@ class ShellSession:
     """
 
     def __init__(self, send: Callable[[bytes], None], recv: Callable[[float], bytes | None],
-                 interrupt: Callable[[], None], cap: int = OUTPUT_CAP):
+                 interrupt: Callable[[], None], cap: int = OUTPUT_CAP, become: str = ""):
         self._send, self._recv, self._interrupt = send, recv, interrupt
         self.cap = cap
         self.marker = "__HANDHOLD_" + secrets.token_hex(8) + "__"
+        # what the loop reads first (the marker, the builtin), sent with the first command
+        self._greeting = f"{self.marker}\n{len(become)}\n{become}".encode()
         self._buf = b""
 
     def run(self, command: str, timeout: float) -> CommandResult:
         start = time.monotonic()
         data = command.replace("\0", "").encode()
-        self._send(f"{len(data)}\n".encode() + data)
+        self._send(self._greeting + f"{len(data)}\n".encode() + data)
+        self._greeting = b""
         self._deadline, self._timed_out = start + timeout, False
         header = self._read_header()
         _, code, size = header.split(b" ")
@@ -169,7 +189,7 @@ def kill_all_command(state_dir: str) -> str:
             f"rm -f {state_dir}/pgids; true")
 
 
-def server_argv(state_dir: str, marker: str, cap: int, workdir: str, run_as: str = "") -> list[str]:
+def server_argv(state_dir: str, cap: int, workdir: str, run_as: str = "") -> list[str]:
     """The command line that starts the session's server loop (`run_as`: "uid gid home name" or "")."""
-    return ["bash", "--noprofile", "--norc", "-c", SERVER_SCRIPT, "handhold-shell", state_dir, marker,
-            str(cap), workdir, run_as]
+    return ["bash", "--noprofile", "--norc", "-c", SERVER_SCRIPT, "handhold-shell", state_dir, str(cap), workdir,
+            run_as]

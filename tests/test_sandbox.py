@@ -309,6 +309,49 @@ def test_output_of_a_background_process_stays_out_of_later_results(sandbox):
     assert sandbox.run("sleep 1; echo last").output == "last\n"
 
 
+# What a command's shell says of itself: a shell of its own (its $$, its parent the loop, no $! and no loop variable),
+# the user it runs as, and whether it is a fork of the loop (its command line is the loop's).
+WHO_AM_I = ('echo "$$ $BASHPID $BASH_SUBSHELL [$!] $0 $#"; echo "$UID $EUID $(id -u) $(id -G)"; '
+            'echo "$S$M$CAP$USR$FORK$CMD" | wc -c; tr "\\0" " " < /proc/$PPID/cmdline | grep -c handhold-shell; '
+            'tr "\\0" " " < /proc/$$/cmdline | grep -c handhold-shell; ps -eo args | grep -c [_]_HANDHOLD_')
+
+
+def who_am_i(sandbox: Sandbox) -> tuple[bool, list[str], list[str]]:
+    """(a fork of the loop, the shell's own ids and name, the user's ids), asserting what holds either way."""
+    result = sandbox.run(WHO_AM_I)
+    own, ids, loop_vars, parent, forked, markers = result.output.strip("\n").split("\n")
+    pid, bashpid, level, bang, name, argc = own.split()
+    assert (pid, level, bang, name, argc) == (bashpid, "0", "[]", "bash", "0"), own
+    assert (loop_vars, parent) == ("1", "1")  # none of the loop's variables; its parent is the loop
+    assert markers == "0", "the session's marker shows on a command line"
+    return forked == "1", ids.split()[:3], ids.split()[3:]
+
+
+def test_a_command_runs_in_a_fork_of_the_loop_as_a_shell_of_its_own(sandbox):
+    """The loop forks the command's shell (with `handhold_become`) instead of running a fresh bash: two execs
+    fewer. It looks as a fresh one would: its own $$ and parent, none of the loop's variables, the session's
+    user through and through (bash's UID and EUID, the process's ids and groups)."""
+    forked, (uid, euid, real), groups = who_am_i(sandbox)
+    assert forked
+    if isinstance(sandbox, DockerSandbox):
+        assert (uid, euid, real, groups) == ("1000", "1000", "1000", ["1000"])
+        assert sandbox.run("touch /root/x; cat /etc/shadow").exit_code != 0
+    assert sandbox.run("export HH=1; cd /").exit_code == 0 and sandbox.run("echo $HH $PWD").output == "1 /\n"
+
+
+@pytest.mark.parametrize("builtin", ["", "bm90IGFuIEVMRiBmaWxlCg=="], ids=["none", "not-loadable"])
+def test_without_the_builtin_a_command_runs_in_a_fresh_shell_as_the_user(base_image, monkeypatch, builtin):
+    """No compiler on the host, or a builtin the container cannot load: each command's shell is a fresh bash, through
+    setpriv, and nothing else changes."""
+    from sandbox import become_builtin
+
+    monkeypatch.setattr(become_builtin, "encoded", lambda: builtin)
+    with DockerSandbox(base_image, workdir="/home/agent") as sb:
+        forked, ids, groups = who_am_i(sb)
+        assert not forked and (ids, groups) == (["1000"] * 3, ["1000"])
+        assert sb.run("export HH=1; cd /").exit_code == 0 and sb.run("echo $HH $PWD").output == "1 /\n"
+
+
 @pytest.fixture(scope="module")
 def agent_image(base_image, docker_client) -> str:
     """An image whose default user is the sandbox user, as environment images are."""
