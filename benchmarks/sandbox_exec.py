@@ -1,4 +1,5 @@
-"""Per-command time through DockerSandbox's session versus one `docker exec` per command,
+"""Per-command time through DockerSandbox's session versus one `docker exec` per command (and versus the
+session without its `handhold_become` builtin: each command's shell a fresh bash run through setpriv),
 the work-tree reset versus recreating the container, and a 30 KB source file read and written
 through the session (sandbox/session_files.py) versus the engine's archive API. Prints medians
 and ratios.
@@ -17,7 +18,7 @@ import statistics
 import tarfile
 import time
 
-from sandbox import DockerSandbox
+from sandbox import DockerSandbox, become_builtin
 from sandbox.images import docker_client, ensure_base_image
 
 REPO = "/home/agent/repo"
@@ -114,12 +115,20 @@ def main() -> None:
         time_session(sb, 20)  # warm up
         session = statistics.median(time_session(sb, args.commands)) * 1000
         exec_ = statistics.median(time_docker_exec(sb, args.commands)) * 1000
+        forked = "handhold-shell" in sb.run("tr '\\0' ' ' < /proc/$$/cmdline").output  # the loop's command line
         files, archive = (statistics.median(t) * 1000 for t in time_files(sb, args.rounds * 2))
         make_work_tree(sb, args.files)
         reset = statistics.median(time_reset(sb, args.rounds)) * 1000
     recreate = statistics.median(time_recreate(image, args.rounds)) * 1000
+    builtin, become_builtin.encoded = become_builtin.encoded, lambda: ""
+    with DockerSandbox(image, workdir="/tmp") as sb:  # the former way: setpriv and a fresh bash per command
+        time_session(sb, 20)
+        fresh = statistics.median(time_session(sb, args.commands)) * 1000
+    become_builtin.encoded = builtin
     print(f"commands: {args.commands} each way")
-    print(f"session median      {session:8.2f} ms   (target <= 3 ms)")
+    how = "each command's shell a fork of the loop" if forked else "NOT forked: no builtin"
+    print(f"session median      {session:8.2f} ms   (target <= 3 ms; {how})")
+    print(f"fresh-shell median  {fresh:8.2f} ms   (setpriv and a fresh bash per command, the former way)")
     print(f"docker exec median  {exec_:8.2f} ms")
     print(f"ratio session/exec  {session / exec_:8.3f}    (target <= 0.06)")
     print(f"reset median        {reset:8.2f} ms   ({args.files} files; target <= 60 ms)")
