@@ -352,6 +352,22 @@ def test_without_the_builtin_a_command_runs_in_a_fresh_shell_as_the_user(base_im
         assert sb.run("export HH=1; cd /").exit_code == 0 and sb.run("echo $HH $PWD").output == "1 /\n"
 
 
+def test_the_builtin_is_built_with_the_hosts_compiler_or_left_out_with_a_warning(monkeypatch, caplog):
+    import base64
+
+    from sandbox import become_builtin
+
+    built = base64.b64decode(become_builtin.encoded())
+    assert built[:4] == b"\x7fELF" and b"handhold_become_struct" in built
+    become_builtin.encoded.cache_clear()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    try:
+        assert become_builtin.encoded() == ""
+        assert "cannot build the sandbox session's builtin with /nonexistent/cc" in caplog.text
+    finally:
+        become_builtin.encoded.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def agent_image(base_image, docker_client) -> str:
     """An image whose default user is the sandbox user, as environment images are."""
