@@ -5,20 +5,19 @@ command in a child bash of its own process group, so a command's whole process g
 killed without killing the session. The child restores the previous command's cwd and
 exported variables and saves them on exit, which is what makes them persist.
 
-In a container the loop runs as root and each command's shell drops to the sandbox user, so
-nothing the agent runs can delete the session's state, write into the session's stream or kill
-the loop. The command's shell is a fork of the loop (a subshell) that drops with the
-`handhold_drop` builtin (sandbox/drop_builtin.c, loaded once by the loop) and forgets the loop's
-own variables; where the builtin cannot be loaded it is a fresh bash run through `setpriv`, two
-execs more (~4 ms). State and cwd reach the command through inherited descriptors (3: the state
-to restore, 4: where to save it, 5: the command). The state lives in two files that swap roles
-when a command saved one, so no copy is made. Each command writes to a fresh output file, emptied
-once read and removed in batches, so a background process that outlives its command writes
-nowhere that a later result reads. The loop answers with a header (marker, exit code, size) and
-at most `cap` bytes, the head and the tail. The marker is the first line the loop reads, never on
-a command line: a command's shell, a fork of the loop, shows the loop's. Per command the loop
-forks once; everything else is a bash builtin, which is what keeps a command at a few
-milliseconds.
+In a container the loop runs as root and each command's shell drops to the sandbox user, so nothing
+the agent runs can delete the session's state, write into the session's stream or kill the loop. The
+command's shell is a fork of the loop (a subshell) that becomes a shell of its own and drops to the
+user with the `handhold_become` builtin (sandbox/become_builtin.c, loaded once by the loop), and
+forgets the loop's own variables; where the builtin cannot be loaded it is a fresh bash run through
+`setpriv`, two execs more (~3 ms). State and cwd reach the command through inherited descriptors (3:
+the state to restore, 4: where to save it, 5: the command). The state lives in two files that swap
+roles when a command saved one, so no copy is made. Each command writes to a fresh output file,
+emptied once read and removed in batches, so a background process that outlives its command writes
+nowhere that a later result reads. The loop answers with a header (marker, exit code, size) and at
+most `cap` bytes, the head and the tail. The marker is the first line the loop reads, never on a
+command line: a command's shell, a fork of the loop, shows the loop's. Per command the loop forks
+once; everything else is a bash builtin, which is what keeps a command at a few milliseconds.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def prepared_image(task: Task) -> str | None:
     """The tag of an image holding what `prepare` makes of `task` in a sandbox of its image (the bug applied and
     committed as the only history, the pristine snapshot), made once from such a sandbox and kept: a task's
     sandbox then starts ready instead of applying, committing (git hashes the whole tree) and snapshotting
-    again (0.7-1.0 s of a loaded machine's CPU a sandbox). The container's own layer is what is kept, so neither
+    again (0.13-0.29 CPU s a sandbox, quiet; more when loaded). The container's own layer is what is kept, so neither
     the tree before the bug nor the patch that made it is in any layer a sandbox can see. None, with a warning,
     when it cannot be made: the caller prepares the sandbox itself."""
     client = docker_client()
