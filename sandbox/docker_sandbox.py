@@ -166,13 +166,16 @@ class DockerSandbox:
             self._sock.close()
         except OSError:
             pass
-        # A lost session takes its processes with it; under a fork bomb an exec can fail to
-        # fork, so try a few times.
+        # A lost session takes its processes with it; under a fork bomb an exec can fail to fork, so try a few
+        # times. Whatever the sandbox user left running, a fork bomb included, goes at once: its `kill -1`
+        # signals every process of the user in one pass of the kernel, which no fork slips past (a bomb left one
+        # process refills the pids, and the new loop, unable to fork, exits). Then root's leftovers (the old
+        # loop: the pattern is anchored, since this script's own command line holds it too).
+        kill = f"{kill_all_command(STATE_DIR)}; pkill -KILL -f '^bash --noprofile --norc -c .*handhold-shell'; true"
         for attempt in range(10):
             try:
-                kill = f"{kill_all_command(STATE_DIR)}; pkill -KILL -f handhold-shell; true"
-                if self.run_as:  # whatever the sandbox user left running, a fork bomb included
-                    kill += f"; pkill -KILL -U {self.run_as.split()[0]}; true"
+                if self.run_as:
+                    self.container.exec_run(["sh", "-c", "kill -KILL -1"], user=self.run_as.split()[0])
                 self.container.exec_run(["sh", "-c", kill], user="root")
                 self._start_shell()
                 return
