@@ -1,9 +1,9 @@
 """`handhold_become`, the bash builtin that lets a session loop fork each command's shell (become_builtin.c).
 
-Built once per process with the host's C compiler and handed to the loop base64-encoded on its command line: no
-image needs to carry it. Where it cannot be built (no compiler) or loaded (another architecture or C library in
+Built once per process with the host's C compiler and handed to the loop base64-encoded on its input, before its
+first request (not on its command line, which `ps` shows): no image needs to carry it. Where it cannot be built (no compiler) or loaded (another architecture or C library in
 the container, a bash without loadable builtins, a state folder mounted noexec), each command's shell is a fresh
-bash, run through `setpriv` where it drops to a user: two execs, about 4 ms more a command.
+bash, run through `setpriv` where it drops to a user: two execs, about 3 ms more a command.
 """
 
 from __future__ import annotations
@@ -34,6 +34,6 @@ def encoded() -> str:
         except (OSError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""
             log.warning("cannot build the sandbox session's builtin with %s (%s %s): each command's shell is a "
-                        "fresh bash (~4 ms more a command); install a C compiler, or set CC, to avoid it",
+                        "fresh bash (~3 ms more a command); install a C compiler, or set CC, to avoid it",
                         compiler, exc, detail.decode(errors="replace")[-500:])
             return ""
