@@ -1,9 +1,10 @@
 """`handhold_become`, the bash builtin that lets a session loop fork each command's shell (become_builtin.c).
 
 Built once per process with the host's C compiler and handed to the loop base64-encoded on its input, before its
-first request (not on its command line, which `ps` shows): no image needs to carry it. Where it cannot be built (no compiler) or loaded (another architecture or C library in
-the container, a bash without loadable builtins, a state folder mounted noexec), each command's shell is a fresh
-bash, run through `setpriv` where it drops to a user: two execs, about 3 ms more a command.
+first request (not on its command line, which `ps` shows): no image needs to carry it. Where it cannot be built (no
+compiler) or loaded (another architecture or C library in the container, a bash without loadable builtins, a state
+folder mounted noexec), each command's shell is a fresh bash, run through `setpriv` where it drops to a user: two
+execs, about 3 ms more a command.
 """
 
 from __future__ import annotations
