@@ -88,7 +88,7 @@ def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], sampl
     picked = (solved[:half] + others + solved[half:])[:sample]
     report = RegradeReport()
     for t in picked:
-        now = grade(tasks[t.instance_id], t.patch, sandboxes=sandboxes)
+        now = grade(tasks[t.instance_id], t.patch, sandboxes=sandboxes, reuse_empty=False)  # a real re-grade
         if now.fault == "infra":
             report.infra.append(t.rollout_id)
             continue

@@ -3,9 +3,10 @@ a probe or a grade asks for one.
 
 The pool wraps any SandboxFactory. A batch tells it, in order, which (task, limits) it will ask for
 (`expect`); background workers keep the next `size` of those ready. Asking (`pool(task, config)`, a
-SandboxFactory itself) takes the ready one, or makes one on the spot when none is. A sandbox is used
-once: handed back, it is removed (in the background), so a grade always gets a container no agent has used and no attempt
-inherits another's tree, /tmp, processes or environment. Ready sandboxes idle longer than `idle`
+SandboxFactory itself) takes the ready one, or makes one on the spot when none is; a request that will not
+come after all (a grade known without running it) is taken off the queue (`forgo`). A sandbox is used
+once: handed back, it is removed (in the background), so a grade always gets a container no agent has used
+and no attempt inherits another's tree, /tmp, processes or environment. Ready sandboxes idle longer than `idle`
 seconds are closed; `close()` (or leaving the `with`) drains the pool, so none outlives its step.
 """
 
@@ -102,6 +103,19 @@ class SandboxPool:
             yield sandbox
         finally:  # handed back at once: the container is removed in the background, before close() returns
             self._closer.submit(_exit_quietly, context)
+
+    def forgo(self, task: Task, config: SandboxSpec | None = None) -> None:
+        """An expected request that will not come (a grade known without a sandbox): the last queued entry for it
+        is dropped, so one made earlier serves the next request alike; a sandbox made for the dropped one is closed."""
+        key = _key(task, config)
+        with self._lock:
+            entry = next((e for e in reversed(self._queue) if e.key == key), None)
+            if entry is None:
+                return
+            self._queue.remove(entry)
+            if entry.future is not None:
+                self._discard(entry.future)
+            self._fill()
 
     def _count(self, kind: str, seconds: float) -> None:
         with self._lock:

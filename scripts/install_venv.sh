@@ -23,9 +23,9 @@ for line in sys.stdin:
         for item in value.strip("\x27\"").split():
             print(flags[option]); print(item)
 ')
-    # No bytecode is compiled here (uv leaves it to the first import): `make test` and `make dev` let Python write
-    # the bytecode of what their processes import (the Makefile's WRITE_BYTECODE), and `make demo`, one process,
-    # compiles what it imports in memory, for less than the ~40 s a full compile of the venv cost here.
+    # No bytecode is compiled here (uv leaves it to the first import): `make test`, `make dev` and `make demo` let
+    # Python write the bytecode of what their processes import (the Makefile's WRITE_BYTECODE), for less than the
+    # ~40 s a full compile of the venv cost here.
     if "$UV" pip install -q --python "$VENV/bin/python" --index-strategy unsafe-best-match \
         "${pip_indexes[@]}" -c constraints.txt -e '.[test]'; then
         installed=1

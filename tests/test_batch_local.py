@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -16,6 +17,7 @@ from pipeline.layout import probe_batch
 from pipeline.rescue import GuidanceConfig, action_plans, probe_job
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
+from pipeline.verifier.grading import grade, known_grade
 
 BUG, FIX = "return a - b  # bug", "return a + b"
 GOLD = """diff --git a/calc.py b/calc.py
@@ -134,3 +136,35 @@ def test_one_failing_action_search_leaves_the_others(sandboxes, tmp_path):
         True, "expert", 5, 3, True)
     assert (searched.search_steps, searched.probes, searched.linear_k, searched.linear_probes) == (3, 4, 3, 5)
     assert [a.name for a in searched.actions] == ["bash", "edit", "edit", "bash", "submit"]
+
+
+def test_an_empty_patch_is_graded_once_per_task_and_a_regrade_runs_it_again(sandboxes, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    opened = []
+
+    @contextlib.contextmanager
+    def counted(task, config=None):
+        with sandboxes(task, config) as sandbox:
+            opened.append(task.instance_id)
+            yield sandbox
+
+    policy, config = HintFollower(), dataclasses.replace(CONFIG, attempts=3, workers=1)  # unguided: it submits untouched
+    first = run_batch(plan_jobs([calc_task()], policy, config, "e1"), policy, config, tmp_path / "e1", "e1",
+                      sandboxes=counted)
+    metrics = first.metrics()  # three agents' sandboxes taken, one grade's; made ahead and not taken: wasted
+    assert metrics["pool_takes"] == 4 and len(opened) == 4 + metrics["pool_wasted"]
+    assert [t.patch for t in first.trajectories] == [""] * 3
+    logs = {(t.grade_reason, t.report, t.test_log, t.reward) for t in first.trajectories}
+    assert len(logs) == 1 and next(iter(logs))[0] == "tests_failed" and "test_add" in next(iter(logs))[2]
+    assert [t.grade_time > 0 for t in first.trajectories] == [True, False, False]
+    opened.clear()
+    second = run_batch(plan_jobs([calc_task()], policy, config, "e2"), policy, config, tmp_path / "e2", "e2",
+                       sandboxes=counted)  # a later step of the same process: graded already
+    assert second.metrics()["pool_takes"] == 3 and {t.test_log for t in second.trajectories} == {logs.pop()[2]}
+    opened.clear()
+    regrade = grade(calc_task(), "", sandboxes=counted, reuse_empty=False)
+    assert len(opened) == 1 and regrade.reason == "tests_failed" and regrade.duration > 0
+    elsewhere = LocalTaskSandboxes(repos={"local/calc": str(make_repo(tmp_path / "fixed"))})
+    assert known_grade(calc_task(), "", sandboxes=elsewhere) is None  # another factory: another environment
+    assert known_grade(calc_task(), "\n", sandboxes=counted) is not None
+    assert known_grade(calc_task(), GOLD, sandboxes=counted) is None

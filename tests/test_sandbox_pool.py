@@ -13,7 +13,7 @@ from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.verifier.environment import task_sandbox
 from sandbox.base import CommandResult
-from tests.test_batch_local import HintFollower, calc_task, sandboxes  # noqa: F401 (a fixture)
+from tests.test_batch_local import PLAN, HintFollower, calc_task, sandboxes  # noqa: F401 (a fixture)
 
 
 class Made:
@@ -81,6 +81,32 @@ def test_expected_sandboxes_are_made_ahead_used_once_and_drained():
     assert all(m.users <= 1 for m in factory.made)
 
 
+def test_a_forgone_request_leaves_its_ready_sandbox_to_the_next_like_it():
+    factory = Factory()
+    a, b = task("a__1"), task("b__1")
+    with SandboxPool(factory, PoolConfig(size=2)) as pool:
+        pool.expect([(a, None), (a, None), (b, None), (a, None)])
+        wait_ready(pool, 2)
+        pool.forgo(a)  # the last request for a goes (not made): the two made serve the first two
+        assert [use(pool, a), use(pool, a)] == factory.made[:2]
+        wait_ready(pool, 1)
+        use(pool, b)
+        pool.forgo(a)  # nothing more is expected for a: nothing happens
+    assert (pool.stats.warm, pool.stats.cold, pool.stats.wasted) == (3, 0, 0) and len(factory.made) == 3
+
+
+def test_a_forgone_request_whose_sandbox_was_made_closes_it():
+    factory = Factory()
+    with SandboxPool(factory, PoolConfig(size=2)) as pool:
+        pool.expect([(task("a__1"), None), (task("b__1"), None)])
+        wait_ready(pool, 2)
+        pool.forgo(task("b__1"))
+        time.sleep(0.05)
+        assert factory.made[1].task.instance_id == "b__1" and factory.made[1].closed and pool.stats.wasted == 1
+        use(pool, task("a__1"))
+    assert pool.stats.warm == 1 and all(m.closed for m in factory.made)
+
+
 def test_an_unexpected_request_is_made_on_the_spot():
     factory = Factory()
     with SandboxPool(factory, PoolConfig(size=1)) as pool:
@@ -142,7 +168,7 @@ def test_a_batch_takes_its_sandboxes_warm_and_leaves_none(tmp_path, sandboxes): 
 
     config = RolloutConfig(attempts=3, workers=1, pool=PoolConfig(size=2))
     policy = HintFollower()
-    jobs = plan_jobs([calc_task()], policy, config, "b0")
+    jobs = plan_jobs([calc_task()], policy, config, "b0", {"calc__1": PLAN})  # guided: each attempt edits
     summary = run_batch(jobs, policy, config, tmp_path / "out", "b0", sandboxes=counted)
     assert len(summary.trajectories) == 3
     assert len(opened) == len(closed) == 6  # an agent's and a grade's sandbox per attempt, each its own
@@ -168,6 +194,7 @@ def test_a_grade_never_gets_an_agents_container(toolz_task, docker_client, tmp_p
     summary = run_batch(plan_jobs([toolz_task], policy, config, "b0"), policy, config, tmp_path / "out", "b0",
                         sandboxes=recorded)
     assert all(not tr.infra_error for tr in summary.trajectories)
-    assert len(used) == 4 and len(set(used)) == 4  # two attempts and two grades, four containers
+    graded = sum(t.grade_time > 0 for t in summary.trajectories)  # an empty patch's grade may be known already
+    assert summary.metrics()["pool_takes"] == 2 + graded and len(set(used)) == len(used)  # each container once
     left = docker_client.containers.list(all=True, filters={"label": "org.handhold=sandbox"})
     assert not [c for c in left if c.id in used]

@@ -89,6 +89,17 @@ def test_sft_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path
     assert (result.run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_sft_stops_once_the_token_accuracy_held_for_the_patience(folder, tiny, tmp_path):
+    goal, patience = 0.05, 2
+    result = train_sft(sft_config(max_steps=40, stop_at_token_accuracy=goal, stop_patience=patience), tiny, folder,
+                       tmp_path / "run")
+    summary, metrics = read_run(result.run_dir)
+    accuracy = [m["mean_token_accuracy"] for m in metrics]
+    first = next(i for i in range(patience, len(accuracy) + 1) if min(accuracy[i - patience:i]) >= goal)
+    assert summary["stopped_early"] and summary["steps"] == len(metrics) == first < 40
+    assert (result.checkpoint / "model.safetensors").exists()
+
+
 def test_sft_with_lora_saves_an_adapter_that_loads(folder, tiny, tmp_path):
     from peft import PeftModel
 

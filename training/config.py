@@ -90,6 +90,10 @@ class SFTTrainingConfig:
     """Passes over the training split."""
     max_steps: int = -1
     """Optimizer steps; -1: as many as `epochs` makes."""
+    stop_at_token_accuracy: float = 0.0
+    """Stop once the teacher-forced token accuracy reaches this on `stop_patience` steps in a row; 0: never."""
+    stop_patience: int = 5
+    """Steps in a row at `stop_at_token_accuracy` before stopping."""
     precision: Precision = "fp32"
     """fp32, bf16 or fp16 (the last two need hardware that has them)."""
     gradient_checkpointing: bool = False

@@ -75,9 +75,14 @@ def train_sft(config: SFTTrainingConfig, model_path: str, dataset_folder: str | 
     metrics = MetricsLog(out, report)
 
     class Metrics(TrainerCallback):
+        reached = 0  # steps in a row at config.stop_at_token_accuracy
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 metrics.add({"step": state.global_step, **{k: logs[k] for k in KEPT_METRICS if k in logs}})
+                goal = config.stop_at_token_accuracy
+                self.reached = self.reached + 1 if goal and logs.get("mean_token_accuracy", 0) >= goal else 0
+                control.should_training_stop |= self.reached >= max(config.stop_patience, 1)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenized = tokenized_rows(rows, tokenizer)
@@ -97,7 +102,8 @@ def train_sft(config: SFTTrainingConfig, model_path: str, dataset_folder: str | 
         "rows_truncated": sum(n > config.max_length for n in lengths),
         "cut_tokens": sum(max(0, n - config.max_length) for n in lengths),
         "assistant_tokens": sum(sum(mask) for mask in tokenized["assistant_masks"]),
-        "steps": trainer.state.global_step, "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[config.precision],
+        "steps": trainer.state.global_step, "stopped_early": trainer.state.global_step < trainer.state.max_steps,
+        "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[config.precision],
         "first_loss": history[0]["loss"] if history else None, "final_loss": history[-1]["loss"] if history else None,
         "final_token_accuracy": history[-1].get("mean_token_accuracy") if history else None,
         "train_loss": output.training_loss, "seconds": round(seconds, 2), "tokens": int(tokens),
