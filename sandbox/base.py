@@ -67,9 +67,9 @@ class Sandbox(Protocol):
         ...
 
     def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
-        """Run outside the agent's session, as the sandbox's administrator (root in a container), `stdin` on
-        its standard input; its output is decoded with surrogateescape, so `.encode("utf-8", "surrogateescape")`
-        gives back the exact bytes."""
+        """Run apart from the agent's session state, as the sandbox's administrator (root in a container),
+        `stdin` on its standard input; its output is decoded with surrogateescape, so `.encode("utf-8",
+        "surrogateescape")` gives back the exact bytes."""
         ...
 
     def read_file(self, path: str) -> bytes:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import logging
 import os
 import posixpath
+import secrets
 import shlex
 import socket
 import struct
@@ -38,7 +41,7 @@ class DockerSandbox:
         self.scratch, self.private = SCRATCH, PRIVATE
         self.config = config or SandboxSpec()
         self.client = client or docker_client()
-        self.container = None
+        self.container, self.run_as = None, ""
         self._shell: ShellSession | None = None
         self._sock = None
         try:
@@ -84,8 +87,10 @@ class DockerSandbox:
 
     def _users(self) -> tuple[str, str]:
         """(the user commands run as, `_run_as`), probed once per image and configured user in a process: each
-        probe is an exec (~100 ms) that the image's id answers for."""
-        key = (self.container.attrs.get("Image") or self.image, self.config.user)
+        probe is an exec (~100 ms) that the image's id answers for, or the id its label `users-of` names (a
+        prepared image: its source's users)."""
+        labels = (self.container.attrs.get("Config") or {}).get("Labels") or {}
+        key = (labels.get(f"{LABEL}.users-of") or self.container.attrs.get("Image") or self.image, self.config.user)
         if key not in _USERS:
             user = self.config.user if self.config.user != "auto" else self._default_user()
             _USERS[key] = user, self._run_as(user)
@@ -185,9 +190,32 @@ class DockerSandbox:
         raise SandboxError(f"sandbox {self.short_id}: the shell cannot be restarted")
 
     def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
-        """Run `command` as root in its own exec, apart from the session, `stdin` on its standard input;
-        stdout and stderr together, decoded with surrogateescape (so encoding it back gives the bytes).
-        The exec outlives its output, which the engine could otherwise drop (sandbox/exec_stream.py)."""
+        """Run `command` as root apart from the session's state, `stdin` on its standard input; stdout and
+        stderr together, decoded with surrogateescape (so encoding it back gives the bytes). Through the
+        session's root loop once it runs (a fork: a few milliseconds), else in an exec of its own (~65 ms)."""
+        if self.run_as and self._shell is not None:
+            return self._privileged_in_session(command, timeout, stdin)
+        return self._privileged_exec(command, timeout, stdin)
+
+    def _privileged_in_session(self, command: str, timeout: float, stdin: bytes) -> CommandResult:
+        """`stdin` travels in a here-document of the loop's own shell, read by no command line (`ps` shows
+        the sandbox user every command line, and a grade's inputs hold its guard's key)."""
+        shell = f"timeout -k 5 {max(int(timeout), 1)} bash --noprofile --norc -c {shlex.quote(command)}"
+        if stdin:
+            tag = f"__HANDHOLD_IN_{secrets.token_hex(8)}__"
+            text = f"base64 -d <<'{tag}' | {shell}\n{base64.encodebytes(stdin).decode()}{tag}\n"
+        else:
+            text = f"{shell} < /dev/null"
+        try:
+            done = self._shell.run(text, timeout + 30, privileged=True)  # `timeout` ends it first: exit 124
+        except (ShellClosed, OSError) as exc:
+            self._restart_shell()
+            raise SandboxError(f"sandbox {self.short_id}: the session was lost during a privileged command "
+                               f"({exc}); it was restarted") from exc
+        return dataclasses.replace(done, timed_out=done.timed_out or done.exit_code == 124)
+
+    def _privileged_exec(self, command: str, timeout: float, stdin: bytes) -> CommandResult:
+        """The exec outlives its output, which the engine could otherwise drop (sandbox/exec_stream.py)."""
         start = time.monotonic()
         argv, marker = privileged_argv(command, timeout, bool(stdin))
         try:

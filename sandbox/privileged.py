@@ -1,7 +1,8 @@
 """One privileged round trip that carries files both ways: inputs in, a script run, outputs back.
 
-Every exec into a container costs tens of milliseconds, and so does each file copied in or out;
-the grader needs a dozen of each. Here the inputs travel as a tar on the script's standard input
+Every privileged command costs a round trip (a few milliseconds through a Docker sandbox's root loop, ~65 ms
+as an exec of its own), and so does each file copied in or out; the grader needs a dozen of each. Here the
+inputs travel as a tar on the script's standard input
 (read to an exact length, so no end-of-file is needed) and the outputs come back as a tar on its
 standard output, while the script's own output goes to a log that comes back with them.
 """

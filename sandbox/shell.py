@@ -40,11 +40,14 @@ STATE_DIR = "/run/handhold-shell"  # in a container: root's, mode 0700
 # command line, which `ps` shows the agent. The loop's own locale is C (not exported) so that
 # `read -N` counts bytes; `set -m` gives each command its own process group, whose id goes to
 # $S/pid for `interrupt`. A forked command's shell unsets the loop's variables before it restores
-# the state. NUL bytes in output are dropped.
+# the state. NUL bytes in output are dropped. A request whose length has a `P` before it is privileged:
+# it runs as the loop's own user (root), in the environment the loop was started with and none of the
+# session's state, and its whole output comes back byte for byte.
 SERVER_SCRIPT = r"""
 exec 2>/dev/null  # job notices ("[1]+ Done") must never reach the protocol stream
 S="$1"; CAP="$2"; I=0; A="$S/state.0"; B="$S/state.1"; USR=; RUN=(); FORK=
 (umask 077; mkdir -p "$S"); cd "$3" 2>/dev/null || cd /
+RE=$(declare -p HOME USER LOGNAME LC_ALL)  # as the loop was started: a privileged command's environment
 if [ -n "$4" ]; then
   read -r U G H NAME <<< "$4"; USR="$U $G $NAME"; RUN=(setpriv "--reuid=$U" "--regid=$G" --init-groups --)
   export HOME="$H" USER="$NAME" LOGNAME="$NAME"
@@ -55,11 +58,16 @@ export -n LC_ALL; LC_ALL=C; set -m; IFS= read -r M; IFS= read -r N; IFS= read -r
 [ -n "$SO" ] && base64 -d <<< "$SO" > "$S/become.so" && enable -f "$S/become.so" handhold_become &&
   ( handhold_become $USR && [ "$$ $(id -u)" = "$BASHPID ${U:-$(id -u)}" ] ) && FORK=1; SO=
 while IFS= read -r N; do
+  P=; [ "${N#P}" = "$N" ] || { P=1; N="${N#P}"; }
   IFS= read -r -d '' -N "$N" CMD; printf '%s' "$CMD" > "$S/cmd"
   I=$((I + 1)); O="$S/out.$I"; [ $((I % 64)) = 0 ] && rm -f "$S"/out.*
-  if [ -n "$FORK" ]; then
+  if [ -n "$P" ]; then
+    ( unset -v S CAP I A B USR RUN FORK SO M U G H NAME C N CMD O EC OUT T P HOME USER LOGNAME LC_ALL OLDPWD
+      eval "$RE"; unset -v RE; set +m --; BASH_ARGV0=bash; . /dev/fd/5
+    ) < /dev/null > "$O" 2>&1 5< "$S/cmd" &
+  elif [ -n "$FORK" ]; then
     ( handhold_become $USR || exit 126
-      unset -v S CAP I A B USR RUN FORK SO M U G H NAME C N CMD O EC OUT T LC_ALL; set +m --; BASH_ARGV0=bash
+      unset -v S CAP I A B USR RUN FORK SO M U G H NAME C N CMD O EC OUT T P RE LC_ALL; set +m --; BASH_ARGV0=bash
       . /dev/fd/3; exec 3<&-; trap '{ export -p; printf "cd -- %q\n" "$PWD"; } >&4' EXIT; . /dev/fd/5
     ) < /dev/null > "$O" 2>&1 3< "$A" 4> "$B" 5< "$S/cmd" &
   else
@@ -67,6 +75,9 @@ while IFS= read -r N; do
   fi
   printf '%s\n' "$!" > "$S/pid"; printf '%s\n' "$!" >> "$S/pgids"; wait "$!"
   EC=$?; OUT=
+  if [ -n "$P" ]; then
+    : > "$S/cmd"; printf '%s %d %d\n' "$M" "$EC" "$(stat -c %s "$O")"; cat "$O"; : > "$O"; continue
+  fi
   [ -s "$B" ] && { T="$A"; A="$B"; B="$T"; }
   IFS= read -r -d '' -N $((CAP + 1)) OUT < "$O"
   if [ "${#OUT}" -le "$CAP" ]; then
@@ -102,25 +113,24 @@ class ShellSession:
         self._greeting = f"{self.marker}\n{len(become)}\n{become}".encode()
         self._buf = b""
 
-    def run(self, command: str, timeout: float) -> CommandResult:
+    def run(self, command: str, timeout: float, privileged: bool = False) -> CommandResult:
+        """Run `command` in the session; `privileged`: as the loop's own user, apart from the session's state,
+        its whole output decoded with surrogateescape (encoding it back gives the bytes)."""
         start = time.monotonic()
         data = command.replace("\0", "").encode()
-        self._send(self._greeting + f"{len(data)}\n".encode() + data)
+        self._send(self._greeting + f"{'P' if privileged else ''}{len(data)}\n".encode() + data)
         self._greeting = b""
         self._deadline, self._timed_out = start + timeout, False
         header = self._read_header()
         _, code, size = header.split(b" ")
         exit_code, size = int(code), int(size)
-        body = self._read_exact(min(size, self.cap))
+        cap = size if privileged else self.cap
+        body = self._read_exact(min(size, cap))
         duration = time.monotonic() - start
-        cut = max(size - self.cap, 0)
-        return CommandResult(
-            exit_code=exit_code,
-            output=_decode(body, cut, self.cap),
-            duration=duration,
-            timed_out=self._timed_out,
-            cut_bytes=cut,
-        )
+        cut = max(size - cap, 0)
+        output = body.decode("utf-8", "surrogateescape") if privileged else _decode(body, cut, cap)
+        return CommandResult(exit_code=exit_code, output=output, duration=duration, timed_out=self._timed_out,
+                             cut_bytes=cut)
 
     def _read_header(self) -> bytes:
         marker = self.marker.encode()

@@ -29,6 +29,13 @@ def test_a_synthesized_tasks_sandbox_starts_from_its_prepared_image(toolz_task, 
     assert image.labels[LABEL] == "prepared" and image.labels[f"{LABEL}.task"] == toolz_task.instance_id
     assert image.labels[f"{LABEL}.pid"] == "" and image.labels[f"{LABEL}.host"] == ""  # no sandbox's, no reaper's
     assert image.attrs["Config"]["User"] == source.attrs["Config"]["User"]
+    assert image.labels[f"{LABEL}.users-of"] == source.id  # its users are its source's, probed once for both
+    with DockerSandbox(toolz_task.image, workdir=toolz_task.workdir):
+        pass
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(DockerSandbox, "_run_as", lambda *a: pytest.fail("the prepared image's users probed again"))
+        with task_sandbox(toolz_task) as sb:
+            assert sb.run("id -un").output == "agent\n"
     with task_sandbox(toolz_task) as sb:
         assert sb.image == tag and sb.base_commit == toolz_task.base_commit and sb.diff() == ""
         prepared = state(sb)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 
 import pytest
 
 from sandbox import DockerSandbox, LocalSandbox, Sandbox, SandboxSpec, reap
-from sandbox.images import LABEL
+from sandbox.base import SandboxError
+from sandbox.images import LABEL, SANDBOX_USER
 
 REPO_SETUP = (
     "mkdir -p {wd} && cd {wd} && git init -q && git config user.email t@t && git config user.name t "
@@ -468,3 +470,36 @@ def test_privileged_output_is_exact_and_ends_with_the_command(base_image):
         assert (fed.exit_code, fed.output) == (0, "12345 fed\n")
         slow = sb.run_privileged("sleep 30", 1)
         assert slow.timed_out and slow.exit_code == 124 and slow.output == ""
+
+
+@pytest.mark.docker
+def test_a_privileged_command_goes_through_the_session_as_an_exec_would_run_it(base_image, monkeypatch):
+    """Through the root loop (no exec once the session runs): root, the environment and cwd an exec gets, every byte
+    both ways, the session's own state untouched; its input is on no command line the sandbox user can read."""
+    with DockerSandbox(base_image, workdir="/tmp", config=SandboxSpec(user=SANDBOX_USER)) as sb:
+        probe = "id -u; pwd; env | grep -v '^_=' | sort; head -c 9 | od -An -c"
+        by_exec = sb.run_privileged(probe, 30, stdin=b"a\0b\xffc\n123")
+        sb.run("cd /home && export MINE=1", 10)
+        monkeypatch.setattr(DockerSandbox, "_privileged_exec", lambda *a: pytest.fail("an exec was made"))
+        in_session = sb.run_privileged(probe, 30, stdin=b"a\0b\xffc\n123")
+        assert in_session.output == by_exec.output and in_session.output.startswith("0\n/tmp\nHOME=/root\n")
+        assert "MINE" not in in_session.output and sb.run("pwd; echo $MINE", 10).output == "/home\n1\n"
+        big = sb.run_privileged("head -c 300000 /dev/zero; echo end", 30)  # past the session's output cap
+        assert big.output.encode("utf-8", "surrogateescape") == b"\0" * 300000 + b"end\n" and not big.cut_bytes
+        secret = "k" + "3y" * 20
+        seen = sb.run_privileged("(sleep 1; cat /proc/[0-9]*/cmdline | tr '\\0' ' ') 2>/dev/null | "
+                                 f"setpriv --reuid={SANDBOX_USER} --regid={SANDBOX_USER} --init-groups cat; "
+                                 "cat > /dev/null", 30, stdin=secret.encode() * 50)
+        assert seen.exit_code == 0 and "sleep" in seen.output and secret not in seen.output
+        assert base64.encodebytes(secret.encode() * 50).decode()[:60] not in seen.output  # nor as base64
+
+
+@pytest.mark.docker
+def test_a_session_lost_in_a_privileged_command_is_an_error_and_the_session_restarts(base_image):
+    with DockerSandbox(base_image, workdir="/tmp", config=SandboxSpec(user=SANDBOX_USER)) as sb:
+        sb.run("cd /home", 10)
+        with pytest.raises(SandboxError, match="session was lost during a privileged command"):
+            sb.run_privileged("pkill -KILL -f '^bash --noprofile --norc -c .*handhold-shell'; sleep 60", 5)
+        after = sb.run("echo alive; id -u", 10)
+        assert after.output.split()[0] == "alive" and after.output.split()[1] != "0"
+        assert sb.run_privileged("id -u", 10).output == "0\n"

@@ -33,7 +33,7 @@ GIT_ENV = ("GIT_AUTHOR_NAME=developer GIT_AUTHOR_EMAIL=developer@localhost "
            "GIT_AUTHOR_DATE=2000-01-01T00:00:00+0000 GIT_COMMITTER_NAME=developer "
            "GIT_COMMITTER_EMAIL=developer@localhost GIT_COMMITTER_DATE=2000-01-01T00:00:00+0000")
 IGNORED = "*.egg-info/\n__pycache__/\n*.pyc\n.pytest_cache/\n"
-PREPARED_VERSION = "1"  # bump when `prepare` makes something else: prepared images are then made again
+PREPARED_VERSION = "2"  # bump when `prepare` or the labels change: prepared images are then made again
 _BUILDING: dict[str, threading.Lock] = {}  # prepared image tag -> the lock its one build in a process holds
 
 
@@ -149,6 +149,7 @@ def prepared_image(task: Task) -> str | None:
                 prepare(sandbox, task)
                 config = source.attrs.get("Config") or {}
                 labels = {**(config.get("Labels") or {}), LABEL: "prepared", f"{LABEL}.task": task.instance_id,
+                          f"{LABEL}.users-of": source.id,  # its users are its source's: probed once for all
                           **{f"{LABEL}.{k}": "" for k in ("pid", "host", "started")}}  # not a sandbox's
                 client.api.commit(sandbox.container.id, *tag.split(":"), conf={
                     "User": config.get("User") or "", "Cmd": config.get("Cmd"), "Entrypoint": config.get("Entrypoint"),

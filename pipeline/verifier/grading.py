@@ -152,7 +152,7 @@ def _list(sandbox: Sandbox, task: Task, patch: str, private: str, restore: bool)
 
 def _list_in_session(sandbox: Sandbox, task: Task, patch: str):
     """Round trip 1 in a fresh sandbox, once its image is probed: git reads the patch as the sandbox user, in the
-    session (a privileged exec costs ~100 ms; nothing but `prepare` ran there, and nothing here needs root).
+    session (nothing but `prepare` ran there, and nothing here needs root: the sandbox user reads it).
     (numstat, top-level tracked names), "refused", or None when the answer failed or did not fit the session's
     output (the caller then reads the patch as root)."""
     if not patch.strip():
