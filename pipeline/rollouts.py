@@ -31,7 +31,7 @@ from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
-from pipeline.verifier.grading import Grade, grade, known_grade
+from pipeline.verifier.grading import Grade, grade
 from pipeline.vocab import CRASHED
 from sandbox.base import SandboxError, SandboxSpec
 from sandbox.reaper import reap_orphans
@@ -200,11 +200,6 @@ def _run_agent(job: Job, policy: Policy, config: RolloutConfig, sandboxes: Sandb
 
 def _grade(job: Job, config: RolloutConfig, sandboxes: SandboxFactory, out: _Outcome) -> None:
     if out.attempt is None or out.infra:
-        return
-    out.verdict = known_grade(job.task, out.attempt.patch, config.sandbox, config.test_timeout, sandboxes)
-    if out.verdict is not None:  # an empty patch already graded for this task: no sandbox is needed
-        if isinstance(sandboxes, SandboxPool):
-            sandboxes.forgo(job.task, config.sandbox)
         return
     while True:
         out.verdict = grade(job.task, out.attempt.patch, config.sandbox, config.test_timeout, sandboxes=sandboxes,

@@ -29,7 +29,7 @@ import secrets
 import shlex
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -37,6 +37,7 @@ import docker.errors
 from swebench.types import TestSpec
 
 from pipeline.records import Task
+from pipeline.verifier.empty_patch import graded_once
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.verifier.junit import guard_disagreements, junit_disagreements
@@ -49,7 +50,6 @@ GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an ol
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
 _PROBED: dict[tuple[str, str], tuple[list[str], frozenset[str]]] = {}  # (image, python) -> probe, per process
-_EMPTY: dict[tuple, tuple] = {}  # (task, settings, test timeout, id(factory)) -> (factory, its empty patch's grade)
 
 
 @dataclass(frozen=True)
@@ -265,36 +265,14 @@ def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
 def grade(task: Task, patch: str, config: SandboxSpec | None = None, test_timeout: float = 300,
           sandboxes: SandboxFactory = task_sandbox, zero_suspicious: bool = True, reuse_empty: bool = True) -> Grade:
     """Grade `patch` in a fresh sandbox (the factory's: nothing ran in it since `prepare`); a sandbox or engine
-    fault is an infra grade, never a failure. An empty patch is graded once per task and settings (`known_grade`)
-    unless `reuse_empty` is off (a re-grade that checks stored rewards)."""
-    known = known_grade(task, patch, config, test_timeout, sandboxes) if reuse_empty else None
-    if known is not None:
-        return known
-    start = time.monotonic()
-    try:
-        with sandboxes(task, config) as sandbox:
-            verdict = grade_in(sandbox, task, patch, test_timeout, zero_suspicious, fresh=True)
-    except (SandboxError, OSError, docker.errors.DockerException) as exc:
-        return Grade(False, "infra", f"sandbox_error: {exc}", duration=time.monotonic() - start)
-    if not patch.strip() and verdict.fault != "infra":
-        factory = _factory(sandboxes)
-        _EMPTY[(task, config, test_timeout, id(factory))] = (factory, verdict)
-    return verdict
+    fault is an infra grade, never a failure. An empty patch is graded once per task and settings in a process
+    (pipeline/verifier/empty_patch.py) unless `reuse_empty` is off (a re-grade that checks stored rewards)."""
+    def run() -> Grade:
+        start = time.monotonic()
+        try:
+            with sandboxes(task, config) as sandbox:
+                return grade_in(sandbox, task, patch, test_timeout, zero_suspicious, fresh=True)
+        except (SandboxError, OSError, docker.errors.DockerException) as exc:
+            return Grade(False, "infra", f"sandbox_error: {exc}", duration=time.monotonic() - start)
 
-
-def known_grade(task: Task, patch: str, config: SandboxSpec | None = None, test_timeout: float = 300,
-                sandboxes: SandboxFactory = task_sandbox) -> Grade | None:
-    """The grade of an empty patch when this process already ran one for the task in sandboxes of the same
-    factory and settings: an empty patch changes nothing, so its grade is that of the task as it is (which
-    validation requires to fail), the same log and report every time; it comes back with no time spent. None
-    otherwise: the patch must be run."""
-    if patch.strip():
-        return None
-    factory = _factory(sandboxes)
-    made, known = _EMPTY.get((task, config, test_timeout, id(factory)), (None, None))
-    return replace(known, duration=0.0, test_seconds=0.0) if made is factory else None
-
-
-def _factory(sandboxes: SandboxFactory) -> SandboxFactory:
-    """What makes the sandboxes: a warm pool's own factory (`SandboxPool.factory`), else `sandboxes` itself."""
-    return getattr(sandboxes, "factory", sandboxes)
+    return graded_once(task, config, test_timeout, sandboxes, run) if reuse_empty and not patch.strip() else run()
