@@ -178,7 +178,7 @@ def test_git_reads_the_patch_alike_in_the_session_and_as_root(toolz_task, synth_
     monkeypatch.setattr(grading, "_list_in_session", lambda *a: in_session.append(read(*a)) or in_session[-1])
     for name, patch in patches.items():
         monkeypatch.setattr(grading, "_PROBED", {})
-        readings = [grade(toolz_task, patch) for _ in ("as root, probing", "in the session")]
+        readings = [grade(toolz_task, patch, reuse_empty=False) for _ in ("as root, probing", "in the session")]
         assert len(in_session) == 1 and in_session[0] is not None, (name, readings)  # answered, no fallback
         in_session.clear()
         assert len({(g.resolved, g.reason, g.dropped_files, g.enforcement) for g in readings}) == 1, (name, readings)
