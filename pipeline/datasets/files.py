@@ -178,10 +178,12 @@ class _FileRows:
         except (*READ_ERRORS, StopIteration) as exc:
             raise _corrupt(self.path, exc) from exc
         held = pl.concat(self.held) if len(self.held) > 1 else self.held[0]
-        mine = held["_run"] == run
-        if mine.all():
-            self.held = []
-            return held.drop("_run")
+        runs = held["_run"].to_numpy()
+        first = int((runs == run).sum())
+        if (runs[:first] == run).all():  # the run's rows lead (files in name order): slices, no copy
+            self.held = [held.slice(first)] if first < held.height else []
+            return held.slice(0, first).drop("_run")
+        mine = pl.Series(runs == run)
         self.held = [held.filter(~mine)]
         return held.filter(mine).drop("_run")
 
