@@ -70,9 +70,16 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 
 def write_options(schema: pa.Schema) -> dict:
-    """`pq.write_table` / `pq.ParquetWriter` settings of every row file, for a table of `schema`."""
+    """`pq.write_table` / `pq.ParquetWriter` settings of every row file, for a table of `schema`: nested floats
+    (log-probs) byte-stream-split, whose exponent bytes then compress; min/max statistics for every leaf but the
+    nested texts (message fields, tool-call arguments: nothing filters on them, and each row group's and page's
+    min/max content is kilobytes of text in the footer and page headers). 1% fewer bytes."""
+    leaves = [(path, type_) for f in schema for path, type_ in _leaves(f.name, f.type)]
     return {"compression": COMPRESSION, "compression_level": COMPRESSION_LEVEL,
-            "use_dictionary": dictionary_columns(schema), "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES}
+            "use_dictionary": dictionary_columns(schema), "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES,
+            "column_encoding": {path: "BYTE_STREAM_SPLIT" for path, type_ in leaves
+                                if "." in path and pa.types.is_floating(type_)},
+            "write_statistics": [path for path, type_ in leaves if "." not in path or not pa.types.is_string(type_)]}
 
 
 def write_rows_table(table: pa.Table, path: str | os.PathLike) -> None:
