@@ -139,11 +139,10 @@ def shard(out_dir: str | os.PathLike, kind: str, batch: str) -> Path:
 
 
 def _seen(out_dir: Path, batches: list[str], tasks: pl.Series) -> dict[str, pl.DataFrame]:
-    """The dedup keys of the rows of `batches` (already built) of `tasks`: every key holds its instance id, so
-    the rows of other tasks can never match (and would grow with the datasets)."""
-    return {kind: pl.concat([pl.scan_parquet(shard(out_dir, kind, b)).select(keys)
-                             .filter(pl.col("instance_id").is_in(tasks.implode())).collect() for b in batches])
-            for kind, keys in SEEN_KEYS.items() if batches}
+    """The dedup keys of `tasks` in the rows of `batches` (built); a key holds its instance id: no other can match."""
+    mine = pl.col("instance_id").is_in(tasks.implode())
+    return {kind: pl.concat([pl.scan_parquet(shard(out_dir, kind, b)).select(keys).filter(mine).collect()
+                             for b in batches]) for kind, keys in SEEN_KEYS.items() if batches}
 
 
 def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, config: DatasetConfig,

@@ -23,7 +23,7 @@ from pipeline.datasets.pairs import USED
 from pipeline.records import TRAJECTORY_SCHEMA
 from pipeline.store import check_contract
 
-READ_ROWS = 256  # rows decoded at once per file: a run holds back at most this many of each file (1024 held 120 MB more)
+READ_ROWS = 256  # rows decoded at once per file, the most a run holds back of each (1024: 120 MB more)
 ROW_GROUP_ROWS = 256  # rows per written row group: what `load_dataset(..., streaming=True)` holds at once
 COMPRESSION, COMPRESSION_LEVEL = "zstd", 3  # level 3: a fifth fewer bytes than level 1 for rows of repeated text
 DICTIONARY = ("tools", "instance_id", "split", "batch", "chosen_source", "source", "group_id", "group_kind",
