@@ -332,6 +332,17 @@ def store_batch(data: Path, batch: str, attempts: list[Trajectory]) -> None:
                    TRAJECTORY_SCHEMA)
 
 
+def test_an_update_dedups_against_the_keys_of_its_own_tasks_only(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    store_batch(data, "b1", TASK_T1 + [traj("r9", iid="t9"), traj("s9", iid="t9", kind="plan", reward=1.0)])
+    update_datasets(data, out, DatasetConfig())
+    built = {kind: pl.read_parquet(out / kind / "b1.parquet", columns=keys) for kind, keys in build.SEEN_KEYS.items()}
+    assert {kind: set(frame["instance_id"]) for kind, frame in built.items()} == dict.fromkeys(built, {"t1", "t9"})
+    seen = build._seen(out, ["b1"], pl.Series(["t9", "t5"]))
+    assert {kind: frame.rows() for kind, frame in seen.items()} == {
+        kind: frame.filter(pl.col("instance_id") == "t9").rows() for kind, frame in built.items()}
+
+
 def test_an_update_builds_only_new_batches_and_equals_a_build_from_scratch(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     store_batch(data, "b1", TASK_T1)

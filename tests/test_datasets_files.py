@@ -55,6 +55,20 @@ def test_shards_are_zstd_in_bounded_row_groups_with_dictionaries_for_repeated_na
         pl.from_arrow(build.rows_table(build_rows(frame, DatasetConfig()).dpo, build.SCHEMAS["dpo"])))
 
 
+def test_shards_split_the_bytes_of_nested_floats_and_keep_no_min_max_of_message_texts(tmp_path):
+    store_batch(tmp_path / "data", "b1", MANY)
+    update_datasets(tmp_path / "data", tmp_path / "out", DatasetConfig())
+    group = pq.ParquetFile(build.shard(tmp_path / "out", "actguide", "b1")).metadata.row_group(0)
+    columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    split = {path for path, column in columns.items() if "BYTE_STREAM_SPLIT" in column.encodings}
+    assert split == {"trajectories.list.element.reward",
+                     "trajectories.list.element.logprobs.list.element.list.element"}
+    unstated = {path for path, column in columns.items() if not (column.statistics and column.statistics.has_min_max)}
+    texts = {path for path, column in columns.items() if "." in path and column.physical_type == "BYTE_ARRAY"}
+    assert "trajectories.list.element.completion.list.element.content" in texts and texts <= unstated
+    assert "instance_id" not in unstated and "trajectories.list.element.reward" not in unstated
+
+
 @pytest.mark.parametrize("kind", list(build.SCHEMAS))
 def test_shards_load_as_the_rows_built_whole_or_streamed(tmp_path, monkeypatch, kind):
     monkeypatch.setattr(files, "ROW_GROUP_ROWS", 3)  # dictionaries span several row groups of a column

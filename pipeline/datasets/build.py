@@ -138,10 +138,11 @@ def shard(out_dir: str | os.PathLike, kind: str, batch: str) -> Path:
     return Path(out_dir) / kind / f"{batch}.parquet"
 
 
-def _seen(out_dir: Path, batches: list[str]) -> dict[str, pl.DataFrame]:
-    """The dedup keys of the rows of `batches` (already built)."""
-    return {kind: pl.concat([pl.read_parquet(shard(out_dir, kind, b), columns=keys) for b in batches])
-            for kind, keys in SEEN_KEYS.items() if batches}
+def _seen(out_dir: Path, batches: list[str], tasks: pl.Series) -> dict[str, pl.DataFrame]:
+    """The dedup keys of `tasks` in the rows of `batches` (built); a key holds its instance id: no other can match."""
+    mine = pl.col("instance_id").is_in(tasks.implode())
+    return {kind: pl.concat([pl.scan_parquet(shard(out_dir, kind, b)).select(keys).filter(mine).collect()
+                             for b in batches]) for kind, keys in SEEN_KEYS.items() if batches}
 
 
 def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, config: DatasetConfig,
@@ -196,7 +197,7 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
     while streaming is left out by building the batch again without it (`skip_bad_files`), else raised."""
     inputs = stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
     ids, skipped = instance_ids(files, config.skip_bad_files)
-    seen = _seen(out_dir, before)
+    seen = _seen(out_dir, before, pl.concat([pl.Series([], dtype=pl.String), *ids.values()]).unique())
     while True:
         runs = task_chunks(pl.DataFrame({"instance_id": pl.concat([pl.Series([], dtype=pl.String), *ids.values()])}))
         stream = TaskRuns(ids, runs)

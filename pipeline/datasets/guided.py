@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from pipeline.guidance.references import (guidance_references, hint_leaks_gold, read_turns, ungrounded,
-                                          without_references)
+from pipeline.agent.textformat import OPEN
+from pipeline.guidance.references import (REFERENCE_WORDS, guidance_references, hint_leaks_gold, hint_terms,
+                                          read_turns, ungrounded, without_references)
 
 if TYPE_CHECKING:
     from pipeline.datasets.config import DatasetConfig
@@ -34,19 +35,23 @@ def _prompt_text(prompt: list[dict]) -> str:
 
 def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig", gold: dict[str, str] | None
                   ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
-    """(t with FLAGS columns, heavy with `chosen_completion` and `rewrites` (JSON) columns, counts per kind)."""
+    """(t with FLAGS columns, heavy with `chosen_completion` and `rewrites` (JSON) columns, counts per kind).
+    The prose and edit checks (Python, message by message) run only on the successes `may_flag` keeps."""
     successes = t.filter((pl.col("origin") != "unguided") & (pl.col("reward") > 0))
-    completions = heavy["completion"].gather(successes["row"]).to_list()
-    prompts = heavy["prompt_chat"].gather(successes["row"]).to_list()
+    prompt_texts = heavy["prompt_chat"].gather(successes["row"]).list.eval(
+        pl.element().struct.field("content").fill_null("")).list.join("\n").to_list()
+    maybe = may_flag(heavy["completion"].gather(successes["row"]), successes["guidance_text"].to_list(), prompt_texts)
+    checked = successes["row"].filter(maybe)
+    completions = dict(zip(checked.to_list(), heavy["completion"].gather(checked).to_list()))
     flags: dict[str, list[bool]] = {name: [] for name in FLAGS}
     rewritten: dict[int, tuple[list[dict], list[dict]]] = {}
     counts: dict[str, int] = {}
-    for s, completion, prompt in zip(successes.iter_rows(named=True), completions, prompts):
-        prompt_text, kind = _prompt_text(prompt), s["guidance_kind"]
-        turns = read_turns(completion)
-        refers = bool(guidance_references(completion, s["guidance_text"], prompt_text, turns))
+    for s, prompt_text in zip(successes.iter_rows(named=True), prompt_texts):
+        kind, completion = s["guidance_kind"], completions.get(s["row"])
+        turns = read_turns(completion) if completion is not None else []
+        refers = bool(turns) and bool(guidance_references(completion, s["guidance_text"], prompt_text, turns))
         shown = _shown_actions(s["guidance_actions"], s["guidance_k"])
-        row_flags = {"refers": refers, "ungrounded": bool(ungrounded(completion, turns)),
+        row_flags = {"refers": refers, "ungrounded": bool(turns) and bool(ungrounded(completion, turns)),
                      "hint_gold": hint_leaks_gold(s["guidance_text"], shown, (gold or {}).get(s["instance_id"], ""))}
         for name, value in row_flags.items():
             flags[name].append(value)
@@ -59,6 +64,30 @@ def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
     marked = successes.select("row", *[pl.Series(name, values, dtype=pl.Boolean) for name, values in flags.items()])
     t = t.join(marked, on="row", how="left", maintain_order="left").with_columns(pl.col(FLAGS).fill_null(False))
     return t, _with_rewrites(heavy, rewritten), counts
+
+
+def may_flag(completions: pl.Series, hints: list[str], prompt_texts: list[str]) -> pl.Series:
+    """Whether `guidance_references` or `ungrounded` could find anything in each chat-form completion (a superset
+    of those they flag, found in polars): no, when no assistant turn holds a text-format call, a non-ASCII
+    character, a word of REFERENCE_WORDS (so no phrase matches) or a term of its hint (`hint_terms`), and no call
+    could edit a file (none of the `edit` tool, no arguments holding "sed" or a JSON escape that could spell it)."""
+    frame = pl.DataFrame({"m": completions}).with_row_index("i").explode("m", keep_nulls=False)
+    m, content = pl.col("m").struct, pl.col("content")
+    said = frame.filter(m.field("role") == "assistant").select("i", content=m.field("content").fill_null(""),
+                                                               call=m.field("tool_calls"))
+    odd = said.filter(content.str.contains(OPEN, literal=True) | content.str.contains(r"[^\x00-\x7f]")
+                      | content.str.contains_any(list(REFERENCE_WORDS), ascii_case_insensitive=True))["i"]
+    call = pl.col("call").struct.field("function").struct
+    arguments = call.field("arguments").fill_null("")
+    edits = said.select("i", "call").explode("call", keep_nulls=False).filter(
+        (call.field("name") == "edit") | arguments.str.contains("sed", literal=True)
+        | arguments.str.contains("\\u", literal=True))["i"]
+    prose = said.group_by("i").agg(content.str.join("\n").str.to_lowercase())  # ASCII here, or already in `odd`
+    texts = dict(zip(prose["i"].to_list(), prose["content"].to_list()))
+    named = [i for i, (hint, prompt) in enumerate(zip(hints, prompt_texts)) if hint and i in texts
+             and any(term.lower() in texts[i] for term in hint_terms(hint, prompt))]
+    rows = pl.Series("i", range(len(completions)), dtype=pl.UInt32)
+    return rows.is_in(pl.concat([odd, edits, pl.Series(named, dtype=pl.UInt32)]).implode())
 
 
 def _with_rewrites(heavy: pl.DataFrame, rewritten: dict[int, tuple[list[dict], list[dict]]]) -> pl.DataFrame:
