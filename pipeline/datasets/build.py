@@ -263,12 +263,9 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
                 pending = [pool.submit(append, kind, part) for kind in SCHEMAS]
                 for kind in SCHEMAS:
                     rows[kind] += getattr(part, kind).height
-                for key, value in part.dropped.items():
-                    dropped[key] = dropped.get(key, 0) + value
-                for key, value in part.groups.items():
-                    groups[key] = groups.get(key, 0) + value
-                for key, value in part.checks.items():
-                    checks[key] = checks.get(key, 0) + value
+                for total, counts in ((dropped, part.dropped), (groups, part.groups), (checks, part.checks)):
+                    for key, value in counts.items():
+                        total[key] = total.get(key, 0) + value
             for done in pending:
                 done.result()
         for kind, writer in writers.items():
