@@ -3,10 +3,10 @@
 An attempt that leaves the tree as it was (an agent that gave up and undid its edits, a model that never made a
 valid tool call) has the empty patch. Its grade is the task's own: the same tests fail the same way every time
 (validation requires the empty patch to fail), so the first such grade of a task runs and every later one, in any
-batch of the process, gets its verdict, report and log back with no time spent. Attempts of one task that end at
-once wait for the one grade that runs. The key is the task, the sandbox settings, the test timeout and the
-factory that makes the sandboxes (another factory is another environment); a warm pool's expected sandbox for a
-grade that does not run is forgone (`SandboxPool.forgo`).
+batch of the process, gets its verdict, report and log (its last KEPT_LOG characters) back with no time spent.
+Attempts of one task that end at once wait for the one grade that runs. The key is the task, the sandbox
+settings, the test timeout and the factory that makes the sandboxes (another factory is another environment); a
+warm pool's expected sandbox for a grade that does not run is forgone (`SandboxPool.forgo`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pipeline.records import Task
 from sandbox.base import SandboxSpec
 
 _GRADES: dict[tuple, tuple] = {}  # key -> (factory, the empty patch's grade), per process
+KEPT_LOG = 100_000  # characters of a known grade's log kept (its tail; a stored trajectory keeps 20,000)
 _LOCKS: dict[tuple, threading.Lock] = {}  # key -> held by the one grade of it that runs
 
 
@@ -48,7 +49,7 @@ def graded_once(task: Task, config: SandboxSpec | None, test_timeout: float, san
         if known is None:
             verdict = run()
             if verdict.fault != "infra":
-                _GRADES[key] = (_factory(sandboxes), verdict)
+                _GRADES[key] = (_factory(sandboxes), replace(verdict, log=verdict.log[-KEPT_LOG:]))
             return verdict
     forgo = getattr(sandboxes, "forgo", None)
     if forgo is not None:
