@@ -120,6 +120,39 @@ def test_gold_resolves_and_empty_does_not(toolz_task):
     assert set(failed) == set(toolz_task.FAIL_TO_PASS)
 
 
+# An agent's edit of one line, same length, the file's modification time then set back
+KEPT_TIME_EDIT = """import os, sys
+path = sys.argv[1]
+before = os.stat(path)
+lines = open(path).read().split("\\n")
+at = next(i for i, line in enumerate(lines) if len(line) >= 12)
+lines[at] = "# _exit(0)".ljust(len(lines[at]))
+open(path, "w").write("\\n".join(lines))
+os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+"""
+
+
+def test_the_effective_patch_sees_an_edit_that_kept_its_size_and_time(toolz_task):
+    """The grader reads the tree's changes into a copy of its own index, trusting its stat data
+    (pipeline/verifier/steps.py): an edit that kept the file's size and modification time is in it all the same, by
+    its ctime, which no one can set back."""
+    import shlex
+
+    from unidiff import PatchSet
+
+    from pipeline.verifier.environment import task_sandbox
+    from pipeline.verifier.grading import grade_in
+
+    touched = {f.path for f in PatchSet(toolz_task.patch)}
+    with task_sandbox(toolz_task) as sb:
+        path = next(p for p in sb.run("git ls-files 'toolz/*.py'").output.split()
+                    if p not in touched and "/tests/" not in p)
+        size = sb.run(f"stat -c %s.%Y {path}").output
+        assert sb.run(f"python3 -c {shlex.quote(KEPT_TIME_EDIT)} {path} && stat -c %s.%Y {path}").output == size
+        verdict = grade_in(sb, toolz_task, toolz_task.patch, fresh=True)  # as if nothing ran since `prepare`
+    assert f"ends the process with os._exit in {path}" in verdict.suspicious
+
+
 def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
     from pipeline.synthesis.patches import file_diff
 
