@@ -147,8 +147,9 @@ def test_the_effective_patch_sees_an_edit_that_kept_its_size_and_time(toolz_task
     with task_sandbox(toolz_task) as sb:
         path = next(p for p in sb.run("git ls-files 'toolz/*.py'").output.split()
                     if p not in touched and "/tests/" not in p)
-        size = sb.run(f"stat -c %s.%Y {path}").output
-        assert sb.run(f"python3 -c {shlex.quote(KEPT_TIME_EDIT)} {path} && stat -c %s.%Y {path}").output == size
+        size_and_time = sb.run(f"stat -c %s.%Y {path}").output
+        edited = sb.run(f"python3 -c {shlex.quote(KEPT_TIME_EDIT)} {path} && stat -c %s.%Y {path}").output
+        assert edited == size_and_time
         verdict = grade_in(sb, toolz_task, toolz_task.patch, fresh=True)  # as if nothing ran since `prepare`
     assert f"ends the process with os._exit in {path}" in verdict.suspicious
 
