@@ -10,9 +10,9 @@ at steps 60 and 40). The model memorizes the observations' bytes too, so greedy 
 that differs from its row's: the heuristic's test runs therefore print nothing that changes from run to run
 (pytest's timing, object addresses; pipeline/agent/heuristic.py), and its rollouts of one seed are identical
 byte for byte. Trained on one such rollout for 110 steps (144 s on a loaded machine), the checkpoint resolves the
-task; training stops once the token accuracy held 1.0 for 5 steps (first 1.0 at step 80 in a run of the
-benchmark: 85 steps, not 110). A step is 1.2 s on an idle machine (0.6 s of it the model's forward and backward),
-3-6 s on a loaded one.
+task; training stops once the token accuracy held 1.0 for 5 steps (first 1.0 at step 77 in a run of the
+benchmark: 81 steps, not 110). A step is 0.7 s on an idle machine (TRL's head scoring only the 1.3k labelled
+positions: training/common.py; 1.2 s scoring all 4.4k), several times that on a loaded one.
 DPO is not closed here: the heuristic resolves the task in every unguided attempt, so it has no rejected side, and
 a preference loss from a random model does not reach greedy reproduction of a whole trajectory.
 """

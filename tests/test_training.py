@@ -98,6 +98,35 @@ def test_a_right_padded_batch_runs_without_its_mask_and_scores_its_tokens_the_sa
         assert seen[-1] is not None and torch.equal(seen[-1], left)
 
 
+def test_the_fused_head_scores_only_the_labelled_positions_on_a_cpu_and_as_scoring_all_does(tiny, monkeypatch):
+    import trl.trainer.utils as fused
+    from trl.kernels.chunked_logprob import _use_triton as scoring_all  # TRL's own switch, left as it is
+
+    def run(model):
+        """The fused head's per-token outputs, loss and gradients, and the rows its kernel was given."""
+        rows, kernel = [], fused._ChunkedLogProbFunction.apply
+        monkeypatch.setattr(fused._ChunkedLogProbFunction, "apply", lambda h, *a: rows.append(len(h)) or kernel(h, *a))
+        model.zero_grad()
+        out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        out.loss.backward()
+        monkeypatch.undo()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters()}, rows
+
+    ids = torch.randint(5, 200, (2, 48), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :30] = -100  # a prompt: 18 of each row's 47 next-token labels count
+    model = load_model(tiny, "fp32")  # switches TRL's head to the labelled positions on a CPU
+    fused.add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    ours, our_grads, our_rows = run(model)
+    monkeypatch.setattr(fused, "_use_triton", scoring_all)
+    theirs, their_grads, their_rows = run(model)
+    assert our_rows == [2 * 18] and their_rows == [2 * 47]
+    for field in ("loss", "log_probs", "entropy", "is_top1", "label_mask"):
+        torch.testing.assert_close(getattr(ours, field), getattr(theirs, field))
+    for name, grad in their_grads.items():
+        torch.testing.assert_close(our_grads[name], grad)
+
+
 def test_no_dpo_forward_materializes_an_attention_mask(folder, tiny, tmp_path, monkeypatch):
     """Policy and reference alike (TRL loads the reference itself): every attention call of a DPO step over
     rows of different lengths takes the causal kernel."""
