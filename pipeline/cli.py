@@ -244,6 +244,13 @@ def run_base_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_prune_images(args: argparse.Namespace) -> int:
+    from sandbox.prune import prune_derived_images
+
+    print(prune_derived_images(older_than_s=args.older_than_days * 86400, task=args.task).report())
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="handhold", description="Training data for SWE agents.", epilog="exit codes: "
                                   "0 succeeded, 1 a step failed, 2 bad usage or settings, 130 interrupted")
@@ -265,6 +272,11 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="each asset's latest materialization and numbers, the latest run") \
         .set_defaults(func=run_status)
     sub.add_parser("base-image", help="make sure the sandbox base image exists").set_defaults(func=run_base_image)
+    prune = sub.add_parser("prune-images", help="remove the prepared and only-reachable images no container uses "
+                           "(each is made again when a sandbox needs it)")
+    prune.add_argument("--older-than-days", type=float, default=0.0, metavar="DAYS", help="only those made earlier")
+    prune.add_argument("--task", metavar="INSTANCE_ID", help="only this task's prepared images")
+    prune.set_defaults(func=run_prune_images)
     return top
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
+
 import docker.errors
 import pytest
 
+from pipeline.cli import main
 from pipeline.verifier import environment
 from pipeline.verifier.environment import prepare, prepared_image, task_sandbox
 from sandbox.docker_sandbox import DockerSandbox
-from sandbox.images import LABEL
+from sandbox.images import LABEL, image_exists
+from sandbox.prune import prune_derived_images
 
 pytestmark = pytest.mark.docker
 
@@ -57,3 +61,27 @@ def test_a_prepared_image_that_cannot_be_made_leaves_each_sandbox_to_prepare_its
     assert f"task {toolz_task.instance_id}: its prepared image could not be made" in caplog.text
     with task_sandbox(toolz_task) as sb:
         assert sb.image == toolz_task.image and sb.base_commit == toolz_task.base_commit and sb.diff() == ""
+
+
+def test_prune_images_removes_the_derived_images_no_container_uses(base_image, docker_client, capsys):
+    task_id = f"prune__{uuid.uuid4().hex[:10]}"  # this test's images alone: other workers' stay
+    tags = []
+    for name in ("unused", "used"):
+        maker = docker_client.containers.run(base_image, ["sh", "-c", "head -c 1048576 /dev/urandom > /blob"],
+                                             user="root", detach=True)
+        maker.wait()
+        maker.commit("handhold/prepared", f"{task_id}-{name}", conf={"Labels": {LABEL: "prepared",
+                                                                                 f"{LABEL}.task": task_id}})
+        maker.remove()
+        tags.append(f"handhold/prepared:{task_id}-{name}")
+    user = docker_client.containers.create(tags[1], ["true"])  # made, never started: still uses its image
+    try:
+        assert prune_derived_images(docker_client, older_than_s=3600, task=task_id).removed == []  # too new
+        pruned = prune_derived_images(docker_client, task=task_id)
+        assert (pruned.removed, pruned.in_use) == ([tags[0]], [tags[1]]) and pruned.freed_bytes >= 2**20
+        assert not image_exists(docker_client, tags[0]) and image_exists(docker_client, tags[1])
+    finally:
+        user.remove()
+    assert main(["prune-images", "--task", task_id]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"removed {tags[1]}"
+    assert not image_exists(docker_client, tags[1]) and image_exists(docker_client, base_image)
