@@ -2,7 +2,7 @@
 
 A task's prepared image (`handhold/prepared:<key>`, pipeline/verifier/environment.py) and an image keeping only
 what a base commit reaches (`handhold/only-reachable:<key>`, sandbox/history.py) are made on first need, from an
-image that stays, in under a second; every new task or rebuilt image adds one (1.5-2.5 MB of its own each).
+image that stays, in under a second; every new task or rebuilt image adds one (1-2.5 MB of its own each).
 `handhold prune-images` removes those no container uses: a later sandbox makes its own again.
 """
 
@@ -42,7 +42,7 @@ def prune_derived_images(client: docker.DockerClient | None = None, older_than_s
     own = {i["Id"]: i["Size"] - max(i.get("SharedSize", 0), 0) for i in client.df().get("Images") or []}
     pruned, now = Pruned(), time.time()
     filters = {"label": f"{LABEL}.task={task}"} if task else None
-    for repository in DERIVED[:1] if task else DERIVED:
+    for repository in DERIVED[:1] if task else DERIVED:  # only prepared images carry their task's label
         for image in client.images.list(name=repository, filters=filters):
             made = datetime.fromisoformat(image.attrs["Created"].replace("Z", "+00:00")).timestamp()
             if now - made < older_than_s:
