@@ -19,9 +19,10 @@ demo: base-image
 	@($(WRITE_BYTECODE) nice -n 19 $(PY) -c '$(TRAINING_IMPORTS)' >/dev/null 2>&1 &)
 	$(WRITE_BYTECODE) $(VENV)/bin/handhold demo
 
-# The suite's workers (pytest-xdist), a test file each at a time, the slowest files first (tests/conftest.py):
-# most tests wait on containers, not the CPU.
-TEST_WORKERS ?= 3
+# The suite's workers (pytest-xdist), a test file each at a time, the slowest files first (tests/conftest.py). The
+# suite keeps both cores busy: a third worker only added contention (fresh clones at a36b1fe, one after the other:
+# 2 workers 716 s and 1,270 busy CPU s, 3 workers 757 s and 1,459 CPU s).
+TEST_WORKERS ?= 2
 # The suite, `dagster dev` and the demo let Python write the bytecode of what they import: where
 # PYTHONDONTWRITEBYTECODE is set (as on this machine) no import writes it, and every process compiled torch,
 # transformers and dagster from source again (collecting the suite: 39 -> 15 CPU s once written; loading the
