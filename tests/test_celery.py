@@ -30,6 +30,7 @@ from assets.graph import all_assets
 from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
 from assets.scaling import JOB, ROLLOUT_ASSETS, celery_config, rollouts_celery_job, worker_yaml
+from tests.conftest import GRAPH_SYNTH
 from tests.test_ui import free_port, poll, session_members, start, stop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ BATCHES = ("celery-a", "celery-b")
 # tests/test_pipeline_assets.py's slice cut further to keep the test near three minutes (the stages themselves
 # are the subject of other tests): one attempt per task, the teacher's plan as the only guidance (no prefix
 # search), no re-validation of the stored tasks.
-SETTINGS = dict(rollout_tasks=2, recheck_tasks=0, synth={"packages": ["toolz"], "tasks_per_package": 2},
+SETTINGS = dict(rollout_tasks=2, recheck_tasks=0, synth=GRAPH_SYNTH,
                 rollout={"attempts": 1, "agent": {"max_steps": 30}},
                 guidance={"compare_linear": False, "kinds": ["plan"]})
 STEPS = sorted(key.to_user_string() for a in ROLLOUT_ASSETS for key in a.keys)

@@ -20,6 +20,7 @@ from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Ta
 from pipeline.store import read_records
 from pipeline.tasks.flakiness import read_rechecks
 from pipeline.vocab import GUIDANCE_KINDS
+from tests.conftest import GRAPH_SYNTH, TOOLZ
 from tests.test_datasets_build import check_rows_against_stored_attempts
 
 SMALL_TRAINING = {"sft": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
@@ -36,7 +37,7 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     # One family of each kind (a teacher's plan, hindsight, action prefixes): tests/test_guidance.py covers
     # the other teacher kinds
     values = dict(data_dir=str(tmp_path / "data"), cache_dir=graph_cache, batch="test", rollout_tasks=2,
-                  synth={"packages": ["toolz"], "tasks_per_package": 2},
+                  synth=GRAPH_SYNTH,
                   rollout={"attempts": 2, "agent": {"max_steps": 30}},
                   guidance={"compare_linear": False, "kinds": ["plan", "hindsight", "action"]},
                   training=SMALL_TRAINING)
@@ -52,6 +53,8 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     meta = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
             for e in result.get_asset_materialization_events()}
     assert meta["tasks"]["tasks"].value == 2
+    synthesized = json.loads((tmp_path / "data/tasks/synth_report.json").read_text())["per_package"]
+    assert synthesized[TOOLZ.key]["cached"] == 1  # the first 2 of `synth_run`'s 3 (tests/conftest.py)
     rechecks = read_rechecks(tmp_path / "data/tasks/rechecks")  # the tasks_validate sample, recorded: both sound
     assert [(r.source, r.runs, r.disagreements, r.gold_resolved, r.empty_resolved) for r in rechecks] == \
         [("tasks_validate", 2, 0, 2, False)] * 2

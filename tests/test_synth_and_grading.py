@@ -11,6 +11,7 @@ import pytest
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
 from pipeline.synthesis.synth import synthesize
+from pipeline.synthesis.task_cache import cached_tasks
 from pipeline.tasks.stage_clock import STAGES, StageClock
 from pipeline.verifier.grading import grade
 
@@ -72,6 +73,21 @@ def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
     assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
     assert {k: v for k, v in report.per_package[TOOLZ.key].items() if k not in ("seconds", "copies_removed")} \
         == {"cached": 1}
+
+
+def test_a_run_asking_for_fewer_tasks_reads_the_first_of_a_larger_one(synth_run, base_image, docker_client):
+    tasks, _, config, cache = synth_run
+    fewer, report = synthesize(dataclasses.replace(config, tasks_per_package=2), base_image, cache, docker_client)
+    assert [t.to_row() for t in fewer] == [t.to_row() for t in tasks[:2]]
+    assert report.per_package[TOOLZ.key]["cached"] == 1
+    # synth_run's file (its settings' hash, then 3) was read, and nothing written for 2
+    [kept] = [f for f in (cache / "tasks").glob(f"{TOOLZ.key}-*-3.parquet")
+              if [r["instance_id"] for r in read_rows(f)] == [t.instance_id for t in tasks]]
+    two, four = (kept.with_name(kept.name.replace("-3.", f"-{n}.")) for n in (2, 4))
+    assert not two.exists()
+    assert cached_tasks(four, dataclasses.replace(config, tasks_per_package=4)) is None  # no run asked for 4
+    # combined tasks merge the kept bugs: a larger run's are no prefix of a smaller one's
+    assert cached_tasks(two, dataclasses.replace(config, tasks_per_package=2, combine=1)) is None
 
 
 def test_history_does_not_reveal_the_fix(toolz_task):

@@ -18,7 +18,6 @@ summarised in the report.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import threading
@@ -31,7 +30,7 @@ import docker
 
 from pipeline.agent.policy import Policy
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
-from pipeline.store import read_rows, write_rows
+from pipeline.store import write_rows
 from pipeline.synthesis import combine as combined
 from pipeline.synthesis.bug_runs import try_candidate
 from pipeline.synthesis.callmap import traced_run
@@ -46,9 +45,9 @@ from pipeline.synthesis.rewrite import rewrite_candidates
 from pipeline.synthesis.statements import failure_messages_from_log
 from pipeline.synthesis.suite import LOG_PARSER, Baseline, baseline, runnable, with_test_files
 from pipeline.synthesis.synth_config import SynthConfig, SynthReport
+from pipeline.synthesis.task_cache import cache_file, cached_tasks
 from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
-from pipeline.verifier.grading import GRADER_VERSION
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
@@ -193,21 +192,6 @@ def narrowed_task(task: Task, spec: PackageSpec, files: tuple[str, ...] | None) 
                                PASS_TO_PASS=tuple(t for t in task.PASS_TO_PASS if t.split("::")[0] in files))
 
 
-def _cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None,
-                rewriter: Policy | None) -> Path:
-    more = ()  # settings added later join the key only when used, so earlier caches stay valid
-    if config.rewrite:
-        more += ("rewrite", config.rewrites_per_package, rewriter.name if rewriter else "none")
-    if config.combine:
-        more += ("combine", config.combine)
-    if config.reject_weak_tests:
-        more += ("reject_weak_tests",)
-    key = repr((image, spec, config.tasks_per_package, config.candidates_per_package, config.max_fail_to_pass,
-                config.max_per_function, config.seed, config.min_pass_rate, config.slowdown, config.baseline_runs,
-                config.validation_runs, writer.name if writer else "templates", GRADER_VERSION) + more)
-    return cache / "tasks" / f"{spec.key}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.parquet"
-
-
 def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker.DockerClient, *,
                specs: tuple[PackageSpec, ...] | None = None,
                statement_writer: Policy | None = None,
@@ -254,10 +238,11 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
         image = build_environment_image(spec, base_image, cache, client)
         report.removed[spec.key] = hidden_copies(fetch_source(spec, cache), spec.source_globs or ())
     report.note(spec.key, "copies_removed", len(report.removed[spec.key]))
-    cached = _cache_file(spec, image, config, cache, writer, rewriter)
-    if cached.exists():
+    cached = cache_file(spec, image, config, cache, writer, rewriter)
+    found = cached_tasks(cached, config)
+    if found is not None:
         report.per_package.setdefault(spec.key, Counter())["cached"] = 1
-        return [Task.from_row(r) for r in read_rows(cached)]
+        return found
     start = time.monotonic()
     log.info("%s: synthesizing tasks in %s", spec.key, image)
     candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
