@@ -16,6 +16,7 @@ import dagster as dg
 
 BATCHES = dg.DynamicPartitionsDefinition(name="batches")
 NIGHTLY_CRON = "0 2 * * *"  # 02:00 UTC; HANDHOLD_NIGHTLY_CRON overrides it
+AUTOMATION_INTERVAL_S = 30  # between the automation sensor's evaluations; HANDHOLD_AUTOMATION_INTERVAL_S overrides it
 INCOMING = "incoming"  # under data_dir: drop a SWE-bench-format row file here for the sensor
 SOURCE_SUFFIXES = (".json", ".jsonl", ".parquet")
 
@@ -51,10 +52,11 @@ def after_new_batch() -> dg.AutomationCondition:
 
 
 def automation_sensor() -> dg.AutomationConditionSensorDefinition:
-    """Evaluates the assets' automation conditions; off until a user switches it on, like the other sensors."""
+    """Evaluates the assets' automation conditions every AUTOMATION_INTERVAL_S seconds at most; off until a user
+    switches it on, like the other sensors."""
     return dg.AutomationConditionSensorDefinition(
         "automation", target=dg.AssetSelection.all(), default_status=dg.DefaultSensorStatus.STOPPED,
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=int(os.environ.get("HANDHOLD_AUTOMATION_INTERVAL_S", AUTOMATION_INTERVAL_S)),
         description="Requests the datasets, export, publication, training and evaluation once a batch's rollouts "
                     "(or anything else they read) have updated.")
 

@@ -21,12 +21,14 @@ from pipeline.synthesis.packages import DEFAULT_PACKAGES
 from pipeline.synthesis.synth import SynthConfig, synthesize
 
 TOOLZ = DEFAULT_PACKAGES[0]  # the package CI synthesizes from: small, fast suite
-# The files that take minutes, longest first. Run first, none is left running alone at the end of a parallel
-# run (the Makefile passes --no-loadscope-reorder, so pytest-xdist keeps this order).
-SLOW_FIRST = ("test_pipeline_assets.py", "test_celery.py", "test_guidance.py", "test_closed_loop.py",
-              "test_redteam.py", "test_synth_kinds.py", "test_rollouts.py", "test_synth_and_grading.py",
-              "test_answer_hidden.py", "test_ui.py", "test_training.py", "test_package_sources.py",
-              "test_automation.py")
+# The files that take minutes, run first so that none is left running alone at the end of a parallel run (the
+# Makefile passes --no-loadscope-reorder, so pytest-xdist keeps this order; each worker takes two files at the
+# start). The first worker starts with the graph, whose `synth_run` synthesis keeps about one core busy for its
+# first ~40 s: the second starts with files that need no synthesized task (package sources, then the automation's
+# daemon ticks, mostly waiting, beside the graph's parallel rollouts) instead of waiting for it.
+SLOW_FIRST = ("test_pipeline_assets.py", "test_package_sources.py", "test_celery.py", "test_automation.py",
+              "test_closed_loop.py", "test_guidance.py", "test_redteam.py", "test_synth_kinds.py", "test_rollouts.py",
+              "test_synth_and_grading.py", "test_answer_hidden.py", "test_ui.py", "test_training.py")
 # The synthesis settings of the tests that materialize the graph: `synth_run`'s, cut to 2 tasks (see graph_cache)
 GRAPH_SYNTH = {"packages": [TOOLZ.name], "tasks_per_package": 2, "candidates_per_package": 30}
 

@@ -198,7 +198,9 @@ def test_one_real_daemon_tick_of_the_switched_on_automation_requests_what_follow
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text("run_queue:\n  max_concurrent_runs: 0\ntelemetry:\n  enabled: false\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "HANDHOLD_DATA_DIR": str(tmp_path / "data")}
+    # The sensor evaluates every 5 s instead of 30: the second tick, after the batch, comes sooner
+    env = {**os.environ, "DAGSTER_HOME": str(home), "HANDHOLD_DATA_DIR": str(tmp_path / "data"),
+           "HANDHOLD_AUTOMATION_INTERVAL_S": "5"}
     subprocess.run([str(Path(sys.executable).with_name("dagster")), "sensor", "start", "automation", "-m",
                     "assets.definitions"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
     daemon = _daemon(home, env)
@@ -210,6 +212,8 @@ def test_one_real_daemon_tick_of_the_switched_on_automation_requests_what_follow
             assert not instance.get_runs()  # nothing before a batch
             _materialize_batch(instance, "2026-12-01")
             (run,) = _wait("the daemon requested a run", instance.get_runs)
+            first, second = sorted(t.timestamp for t in ticks())[:2]
+            assert second - first < 30, "the daemon's sensor kept its default interval"  # 10 s here
             assert {k.to_user_string() for k in run.asset_selection} == set(AFTER_BATCH)
             assert run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED)
     finally:

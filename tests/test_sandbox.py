@@ -178,16 +178,20 @@ def write_with(sandbox: Sandbox, how: str, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("how", ["edit_tool", "write_file", "sed"])
 def test_same_size_edit_right_after_setup_is_in_the_diff(sandbox, how):
-    """An edit that keeps the file's size, in the second of the setup commit, diffed a second later."""
-    wd = sandbox.workdir.rstrip("/") + "/repo"
-    for round in range(3):
+    """An edit that keeps the file's size, in the second of the setup commit, diffed a second later (three
+    repositories, edited one after the other, then one wait)."""
+    edits, root = [("2", "1"), ("a + 1", "1 + a"), ("2", "3")], sandbox.workdir.rstrip("/")
+    repos = []
+    for round, (old, new) in enumerate(edits):
+        wd = f"{root}/repo{round}"
         sandbox.run(f"rm -rf {wd}; mkdir -p {wd} && cd {wd} && printf 'a = 2\\nb = a + 1\\n' > m.py && git init -q "
                     "&& git add -A && git -c user.name=t -c user.email=t@t commit -qm base")
         sandbox.workdir = wd
-        sandbox.base_commit = sandbox.run("git rev-parse HEAD").output.strip()
-        old, new = [("2", "1"), ("a + 1", "1 + a"), ("2", "3")][round]
+        repos.append((wd, sandbox.run("git rev-parse HEAD").output.strip()))
         write_with(sandbox, how, old, new)
-        time.sleep(1.1)
+    time.sleep(1.1)
+    for round, ((wd, commit), (old, _)) in enumerate(zip(repos, edits)):
+        sandbox.workdir, sandbox.base_commit = wd, commit
         patch = sandbox.diff()
         assert f"-{'a = 2' if 'a' not in old else 'b = a + 1'}" in patch, (how, round, patch)
         sandbox.reset()
