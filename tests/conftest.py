@@ -87,8 +87,8 @@ def shared_dir(tmp_path_factory, worker_id) -> Path:
 def synth_run(base_image, docker_client, shared_dir, synth_cache):
     """Tasks synthesized from toolz: the real thing, cut small for CI; made once per run, whatever the workers."""
     cache = synth_cache
-    config = SynthConfig(packages=(TOOLZ.name,), tasks_per_package=3, candidates_per_package=GRAPH_SYNTH[
-        "candidates_per_package"])
+    config = SynthConfig(packages=(TOOLZ.name,), tasks_per_package=3,
+                         candidates_per_package=GRAPH_SYNTH["candidates_per_package"])
     saved = shared_dir / "synth-run.pickle"
     with FileLock(str(shared_dir / "synth-run.lock")):
         if saved.exists():
