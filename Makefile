@@ -21,7 +21,8 @@ demo: base-image
 
 # The suite's workers (pytest-xdist), a test file each at a time, the slowest files first (tests/conftest.py). The
 # suite keeps both cores busy: a third worker only added contention (fresh clones at a36b1fe, one after the other:
-# 2 workers 716 s and 1,270 busy CPU s, 3 workers 757 s and 1,459 CPU s).
+# 2 workers 716 s and 1,270 busy CPU s, 3 workers 757 s and 1,459 CPU s; at e75e190, 3 workers then 2: 712 s and
+# 1,393 CPU s, then 773 s and 1,452: the second of each pair was the slower, within the machine's hourly swings).
 TEST_WORKERS ?= 2
 # The suite, `dagster dev` and the demo let Python write the bytecode of what they import: where
 # PYTHONDONTWRITEBYTECODE is set (as on this machine) no import writes it, and every process compiled torch,
