@@ -51,12 +51,22 @@ def after_new_batch() -> dg.AutomationCondition:
         "after_new_batch")
 
 
+def automation_interval() -> int:
+    """Seconds between the automation sensor's evaluations: HANDHOLD_AUTOMATION_INTERVAL_S, else
+    AUTOMATION_INTERVAL_S."""
+    value = os.environ.get("HANDHOLD_AUTOMATION_INTERVAL_S", str(AUTOMATION_INTERVAL_S)).strip()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"HANDHOLD_AUTOMATION_INTERVAL_S={value!r}: set a whole number of seconds, 1 or more "
+                         f"(or unset it for {AUTOMATION_INTERVAL_S})")
+    return int(value)
+
+
 def automation_sensor() -> dg.AutomationConditionSensorDefinition:
     """Evaluates the assets' automation conditions every AUTOMATION_INTERVAL_S seconds at most; off until a user
     switches it on, like the other sensors."""
     return dg.AutomationConditionSensorDefinition(
         "automation", target=dg.AssetSelection.all(), default_status=dg.DefaultSensorStatus.STOPPED,
-        minimum_interval_seconds=int(os.environ.get("HANDHOLD_AUTOMATION_INTERVAL_S", AUTOMATION_INTERVAL_S)),
+        minimum_interval_seconds=automation_interval(),
         description="Requests the datasets, export, publication, training and evaluation once a batch's rollouts "
                     "(or anything else they read) have updated.")
 

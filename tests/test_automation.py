@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from assets.definitions import definitions
-from assets.partitions import BATCHES, batch_key, ensure_batch
+from assets.partitions import AUTOMATION_INTERVAL_S, BATCHES, automation_sensor, batch_key, ensure_batch
 from assets.resources import retry_on_infra
 from pipeline.agent.policy import PolicyError
 from sandbox.base import SandboxError
@@ -218,6 +218,16 @@ def test_one_real_daemon_tick_of_the_switched_on_automation_requests_what_follow
             assert run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED)
     finally:
         _stop(daemon)
+
+
+def test_the_automation_interval_is_read_from_the_environment_and_a_bad_one_is_named(monkeypatch):
+    assert automation_sensor().minimum_interval_seconds == AUTOMATION_INTERVAL_S == 30
+    monkeypatch.setenv("HANDHOLD_AUTOMATION_INTERVAL_S", "5")
+    assert automation_sensor().minimum_interval_seconds == 5
+    for bad in ("0", "five", "-3", "2.5"):
+        monkeypatch.setenv("HANDHOLD_AUTOMATION_INTERVAL_S", bad)
+        with pytest.raises(ValueError, match=f"HANDHOLD_AUTOMATION_INTERVAL_S={bad!r}: set a whole number"):
+            automation_sensor()
 
 
 @pytest.mark.parametrize("error, retried", [(SandboxError("container died"), True),
