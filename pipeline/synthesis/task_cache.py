@@ -40,7 +40,7 @@ def cached_tasks(path: Path, config: SynthConfig) -> list[Task] | None:
         return [Task.from_row(r) for r in read_rows(path)]
     if config.combine:  # combined tasks merge the kept bugs: those of a larger run are no prefix of it
         return None
-    stem, asked = path.stem.rsplit("-", 1)
-    larger = sorted((int(n), p) for p in path.parent.glob(f"{stem}-*.parquet")
-                    if (n := p.stem.rsplit("-", 1)[1]).isdigit() and int(n) > int(asked))
-    return [Task.from_row(r) for r in read_rows(larger[0][1])[:int(asked)]] if larger else None
+    asked = config.tasks_per_package
+    larger = sorted((int(n), p) for p in path.parent.glob(f"{path.stem.rsplit('-', 1)[0]}-*.parquet")
+                    if (n := p.stem.rsplit("-", 1)[1]).isdigit() and int(n) > asked)
+    return [Task.from_row(r) for r in read_rows(larger[0][1])[:asked]] if larger else None
