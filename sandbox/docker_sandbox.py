@@ -59,9 +59,11 @@ class DockerSandbox:
         c = self.config
         try:
             # PID 1 is root's whatever the image's user: nothing the sandbox user does can end the container.
+            # Offline, the network is disabled rather than "none": the container's own namespace holds only the
+            # loopback either way, but the engine skips its network set-up and hook (a start and stop: 0.29 -> 0.16 s).
+            network = {"network_mode": "bridge"} if c.network else {"network_disabled": True}
             return self.client.containers.run(
-                self.image, command=["sleep", "infinity"], detach=True, init=True, user="root",
-                network_mode="bridge" if c.network else "none",
+                self.image, command=["sleep", "infinity"], detach=True, init=True, user="root", **network,
                 mem_limit=c.memory, memswap_limit=c.memory, nano_cpus=int(c.cpus * 1e9),
                 pids_limit=c.pids, working_dir=self.workdir if self.workdir else None,
                 # The session's state and each command's output live in memory: a new file per

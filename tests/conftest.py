@@ -111,6 +111,16 @@ def synth_cache(shared_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model(shared_dir) -> Path:
+    """The offline tiny model (training/tiny_model.py), built once per run for every worker: a build trains the
+    tokenizer on this repository's text (~4 s). The tests only read it; each trains into its own folder."""
+    from training.tiny_model import build_tiny_model
+
+    with FileLock(str(shared_dir / "tiny-model.lock")):
+        return build_tiny_model(shared_dir / "tiny-model" / "model")
+
+
+@pytest.fixture(scope="session")
 def graph_cache(synth_run) -> str:
     """The cache_dir of the tests that materialize the graph from synthesis (tests/test_pipeline_assets.py,
     tests/test_celery.py): `synth_run`'s, made before them. Their `tasks` asset asks for GRAPH_SYNTH, the same

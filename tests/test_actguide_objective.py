@@ -22,7 +22,7 @@ from training.actguide import ActGuideTrainer
 from training.actguide_examples import prepare_examples
 from training.common import TrainingDataError
 from training.config import ActGuideTrainingConfig
-from training.tiny_model import IM_END, build_tiny_model
+from training.tiny_model import IM_END
 
 IDENTITY = PolicyIdentity("toy", "sha256:toy", "template")
 PROMPT = [{"role": "system", "content": "S", "tool_calls": None, "tool_call_id": None},
@@ -55,8 +55,8 @@ def hand_logps(A, B, context: list[int], ids: list[int]):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
+def tokenizer(tiny_model):
+    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 def context_ids(tokenizer, prompt) -> list[int]:

@@ -261,11 +261,10 @@ def test_native_format_needs_a_native_policy(task):
 
 
 @pytest.mark.slow
-def test_tiny_local_model_runs_an_attempt_with_logprobs(tmp_path, sandbox, task):
+def test_tiny_local_model_runs_an_attempt_with_logprobs(tiny_model, tmp_path, sandbox, task):
     from pipeline.agent.hf_policy import LocalHFPolicy, LocalHFPolicyConfig
-    from training.tiny_model import build_tiny_model
 
-    policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(build_tiny_model(tmp_path / "tiny")),
+    policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(tiny_model),
                                                max_new_tokens=24))
     attempt = run_attempt(task, policy, sandbox, AgentConfig(max_steps=2, max_format_errors=5), seed=0)
     assert attempt.exit_status == "max_steps"  # random weights write no valid call: 2 format errors of 5 allowed

@@ -33,7 +33,6 @@ from pipeline.evaluation import evaluate
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from training.config import SFTTrainingConfig
 from training.sft import train_sft
-from training.tiny_model import build_tiny_model
 
 # One row a step: token accuracy first 1.0 between steps 73 and 88; it stops once it held 1.0 for 5 steps
 STEPS, LEARNING_RATE, PATIENCE = 110, 5e-3, 5
@@ -52,7 +51,7 @@ def test_the_heuristic_test_runs_print_nothing_that_changes_from_run_to_run():
 
 
 @pytest.mark.timeout(1800)  # ~4 min alone; the suite's 900 s guard is too tight beside the other slow files
-def test_the_trained_tiny_model_resolves_the_tasks_it_trained_on_and_the_starting_model_does_not(synth_run,
+def test_the_trained_tiny_model_resolves_the_tasks_it_trained_on_and_the_starting_model_does_not(synth_run, tiny_model,
                                                                                                    tmp_path):
     tasks = synth_run[0]
     heuristic = HeuristicPolicy()
@@ -62,7 +61,7 @@ def test_the_trained_tiny_model_resolves_the_tasks_it_trained_on_and_the_startin
     assert rows.height >= 1, "the heuristic resolved none of the synthesized tasks: nothing to train on"
     export_dataset(tmp_path / "hf", {"sft": rows}, CardInfo("closed-loop", run_id="heuristic"))
     trained_on = [t for t in tasks if t.instance_id in set(rows["instance_id"])]
-    tiny = str(build_tiny_model(tmp_path / "tiny"))
+    tiny = str(tiny_model)
     config = SFTTrainingConfig(learning_rate=LEARNING_RATE, lr_scheduler="constant", warmup=0,
                                per_device_batch_size=1, gradient_accumulation_steps=1, max_steps=STEPS,
                                max_length=16384, stop_at_token_accuracy=1.0, stop_patience=PATIENCE)

@@ -15,7 +15,6 @@ from pipeline.datasets.export import export_dataset
 from training.masking import AssistantOnlyDPOTrainer, TruncationPolicy, to_template_row
 from tests.test_datasets_build import TASK_T1, traj
 from tests.test_training_masking import train
-from training.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +27,12 @@ def exported(tmp_path_factory):
     return {kind: load_dataset(str(folder), kind, split="train") for kind in ("dpo", "sft")}
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def test_one_dpo_step_on_exported_rows(exported, tiny_dir, tmp_path):
+def test_one_dpo_step_on_exported_rows(exported, tiny_model, tmp_path):
     dpo = exported["dpo"]
     assert dpo.num_rows == 8 and set(dpo["chosen_source"]) == {"unguided", "guided:plan", "guided:action"}
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = qwen2_5_chat_template
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
     args = DPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=3, learning_rate=5e-3,
                      max_length=None, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0)
     trainer = AssistantOnlyDPOTrainer(model, args=args, processing_class=tokenizer,
@@ -47,16 +41,16 @@ def test_one_dpo_step_on_exported_rows(exported, tiny_dir, tmp_path):
     assert len(train(trainer)) == 2
 
 
-def test_one_sft_step_on_exported_rows(exported, tiny_dir, tmp_path):
+def test_one_sft_step_on_exported_rows(exported, tiny_model, tmp_path):
     sft = exported["sft"]
     assert sft.num_rows == 4
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = qwen2_5_training_chat_template
     template_rows = [to_template_row({"messages": r["messages"], "tools": r["tools"]}) for r in sft]
     dataset = Dataset.from_list(template_rows, features=Features({"messages": List(Json()), "tools": List(Json())}))
     args = SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_steps=2, learning_rate=5e-3,
                      per_device_train_batch_size=2, logging_steps=1, save_strategy="no", report_to=[],
                      use_cpu=True, seed=0)
-    trainer = SFTTrainer(AutoModelForCausalLM.from_pretrained(tiny_dir), args=args, processing_class=tokenizer,
+    trainer = SFTTrainer(AutoModelForCausalLM.from_pretrained(tiny_model), args=args, processing_class=tokenizer,
                          train_dataset=dataset)
     assert len(train(trainer)) == 2

@@ -22,8 +22,8 @@ BASH = {"type": "function", "function": {"name": "bash", "description": "Run a c
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+def tiny(tiny_model):
+    return tiny_model
 
 
 def policy(path, **overrides) -> LocalHFPolicy:

@@ -327,14 +327,13 @@ def test_openai_drops_token_ids_for_good_when_the_server_rejects_them():
     assert "refused return_token_ids" in policy.settings()["token_ids_missing"]
 
 
-def test_openai_identity_from_a_local_copy_of_the_served_model(tmp_path):
+def test_openai_identity_from_a_local_copy_of_the_served_model(tiny_model):
     from pipeline.agent.identity import template_hash, weights_revision
-    from training.tiny_model import CHAT_TEMPLATE, build_tiny_model
+    from training.tiny_model import CHAT_TEMPLATE
 
-    tiny = build_tiny_model(tmp_path / "tiny")
     with VLLMServer(["ok"]) as base_url:
-        turn = openai_policy(base_url, identity_model_path=str(tiny)).act(CHAT, [])
-    assert turn.identity.revision == weights_revision(tiny) and turn.identity.revision.startswith("sha256:")
+        turn = openai_policy(base_url, identity_model_path=str(tiny_model)).act(CHAT, [])
+    assert turn.identity.revision == weights_revision(tiny_model) and turn.identity.revision.startswith("sha256:")
     assert turn.identity.chat_template_hash == template_hash(CHAT_TEMPLATE)
 
 

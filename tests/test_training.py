@@ -23,7 +23,7 @@ from training.actguide_examples import group_advantages, prepare_examples, train
 from training.common import load_model, read_run, read_split
 from training.config import ActGuideTrainingConfig, DPOTrainingConfig, LoraSettings
 from training.dpo import train_dpo
-from training.tiny_model import IM_END, build_tiny_model
+from training.tiny_model import IM_END
 
 ACTIONS = (Action("bash", '{"command": "grep -n add pkg"}'), Action("submit", "{}"))
 
@@ -49,8 +49,8 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny(tiny_model):
+    return str(tiny_model)
 
 
 def dpo_config(**changes) -> DPOTrainingConfig:

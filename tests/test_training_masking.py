@@ -21,7 +21,6 @@ from training.masking import (
     tokenize_preference_row,
     training_chat_template,
 )
-from training.tiny_model import build_tiny_model
 
 TOOLS = json.dumps([
     {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
@@ -63,14 +62,9 @@ ROWS = [row("Fix the off-by-one in toolz.take.", "sed -i 's/n - 1/n/' toolz/iter
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
+def tokenizer(tiny_model):
     """The tiny tokenizer wearing Qwen2.5's own (unmarked) chat template, as shipped in TRL."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = qwen2_5_chat_template
     return tokenizer
 
@@ -201,8 +195,8 @@ def completion_logps(model, batch) -> torch.Tensor:
     return (logps * batch["completion_mask"][:, 1:]).sum(dim=1)
 
 
-def test_a_change_in_a_tool_message_alone_leaves_the_dpo_logps_unchanged(tiny_dir, tokenizer):
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+def test_a_change_in_a_tool_message_alone_leaves_the_dpo_logps_unchanged(tiny_model, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     # A trajectory that ends on an observation, so nothing is conditioned on the changed tool message
     base = dict(ROWS[0], chosen=ROWS[0]["chosen"][:4])
     changed = dict(base, chosen=[*base["chosen"][:3], observation("c2", "exit code: 2\nERROR: 5 failed")])
@@ -239,13 +233,13 @@ def train(trainer) -> list[float]:
     return history
 
 
-def test_dpo_training_step_with_assistant_only_masks(tiny_dir, tokenizer, tmp_path):
+def test_dpo_training_step_with_assistant_only_masks(tiny_model, tokenizer, tmp_path):
     too_long = row("Fix it.", "true", "false", system="You fix bugs. " * 400)  # prompt alone over budget
     verbose = dict(ROWS[1], chosen=[*ROWS[1]["chosen"][:3],
                                     observation("c2", "exit code: 1\n" + "E   AssertionError\n" * 400),
                                     ROWS[1]["chosen"][4]])  # a long last observation: its turn is cut
     dataset = Dataset.from_list([*ROWS, too_long, verbose])  # stored form: tools and arguments JSON strings
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
     args = DPOConfig(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=3, learning_rate=5e-3,
                      max_length=None, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                      seed=0)
@@ -261,21 +255,21 @@ def test_dpo_training_step_with_assistant_only_masks(tiny_dir, tokenizer, tmp_pa
     assert len(history) == 3 and history[-1] < history[0]
 
 
-def test_dpo_trainer_refuses_trls_token_cut(tiny_dir, tokenizer, tmp_path):
+def test_dpo_trainer_refuses_trls_token_cut(tiny_model, tokenizer, tmp_path):
     args = DPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True)  # max_length defaults to 1024
     with pytest.raises(ValueError, match="max_length=1024: set it to None"):
-        AssistantOnlyDPOTrainer(str(tiny_dir), args=args, processing_class=tokenizer,
+        AssistantOnlyDPOTrainer(str(tiny_model), args=args, processing_class=tokenizer,
                                 train_dataset=Dataset.from_list(ROWS))
 
 
-def test_sft_step_with_assistant_only_loss_matches_the_dpo_mask(tiny_dir, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+def test_sft_step_with_assistant_only_loss_matches_the_dpo_mask(tiny_model, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = qwen2_5_training_chat_template
     template_rows = [to_template_row({"messages": r["prompt"] + r["chosen"], "tools": r["tools"]}) for r in ROWS]
     # Json() keeps each message as it is; plain Arrow structs would fill `{}` arguments with the keys of others
     features = Features({"messages": List(Json()), "tools": List(Json())})
     dataset = Dataset.from_list(template_rows, features=features)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
     args = SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_steps=3, learning_rate=5e-3,
                      per_device_train_batch_size=2, logging_steps=1, save_strategy="no", report_to=[],
                      use_cpu=True, seed=0)

@@ -18,12 +18,11 @@ from pipeline.datasets import DatasetConfig, build_rows
 from tests.test_datasets_build import TASK_T1
 from training.masking import training_chat_template
 from training.sft import tokenize_row
-from training.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny(tiny_model):
+    return str(tiny_model)
 
 
 def spans(mask: list[int]) -> list[tuple[int, int]]:

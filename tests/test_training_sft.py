@@ -21,7 +21,7 @@ from tests.test_datasets_build import TASK_T1, traj
 from training.common import read_run
 from training.config import LoraSettings, SFTTrainingConfig
 from training.sft import load_rows, tokenize_row, train_sft
-from training.tiny_model import CHAT_TEMPLATE, build_tiny_model
+from training.tiny_model import CHAT_TEMPLATE
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,8 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny(tiny_model):
+    return str(tiny_model)
 
 
 def sft_config(**changes) -> SFTTrainingConfig:

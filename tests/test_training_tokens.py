@@ -7,7 +7,6 @@ import pytest
 from transformers import AutoTokenizer
 from trl.chat_template_utils import qwen2_5_chat_template, qwen3_chat_template
 
-from training.tiny_model import build_tiny_model
 from training.tokens import Turn, rendered_turns, segments
 
 PROMPT = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix add."}]
@@ -28,19 +27,14 @@ THREE_TURNS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def tokenizer_with(tiny_dir, template: str):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+def tokenizer_with(tiny_model, template: str):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.chat_template = template
     return tokenizer
 
 
-def test_qwen2_5_turns_are_what_the_policy_sampled_and_share_one_forward(tiny_dir):
-    tokenizer = tokenizer_with(tiny_dir, qwen2_5_chat_template)
+def test_qwen2_5_turns_are_what_the_policy_sampled_and_share_one_forward(tiny_model):
+    tokenizer = tokenizer_with(tiny_model, qwen2_5_chat_template)
     turns = rendered_turns(tokenizer, GUIDED, PROMPT, THREE_TURNS, None)
     assert [tokenizer.decode(t.ids) for t in turns] == [
         'Looking.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>',
@@ -59,10 +53,10 @@ def test_qwen2_5_turns_are_what_the_policy_sampled_and_share_one_forward(tiny_di
                        "<|im_start|>assistant\n")
 
 
-def test_qwen3_scores_each_turn_with_the_reasoning_it_was_sampled_after(tiny_dir):
+def test_qwen3_scores_each_turn_with_the_reasoning_it_was_sampled_after(tiny_model):
     """A plain user message (a format error) makes Qwen3 drop earlier reasoning from later contexts: the turns
     before it keep theirs in their own forward, the turn after it is scored in the context without it."""
-    tokenizer = tokenizer_with(tiny_dir, qwen3_chat_template)
+    tokenizer = tokenizer_with(tiny_model, qwen3_chat_template)
     trajectory = THREE_TURNS[:3] + [{"role": "user", "content": "Format error: call one tool."}, THREE_TURNS[4]]
     turns = rendered_turns(tokenizer, PROMPT, PROMPT, trajectory, None)
     texts = [tokenizer.decode(t.ids) for t in turns]
@@ -87,7 +81,7 @@ def test_a_turn_whose_context_is_not_an_extension_starts_a_new_segment():
 
 
 @pytest.mark.slow
-def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_dir, tmp_path):
+def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_model, tmp_path):
     """Attempts of the tiny model (a mixed group: one paid), through to_trajectory, Parquet, the dataset build
     and the trainer: the behaviour log-probs are the stored numbers on the stored ids."""
     import dataclasses
@@ -108,7 +102,7 @@ def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_dir,
     from training.actguide_examples import prepare_examples
     from training.config import ActGuideTrainingConfig
 
-    policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(tiny_dir), max_new_tokens=8))
+    policy = LocalHFPolicy(LocalHFPolicyConfig(model_path=str(tiny_model), max_new_tokens=8))
     stored = []
     with LocalSandbox(make_repo(tmp_path / "repo"), timeout=60) as sandbox:
         task = Task(instance_id="calc-1", repo="demo/calc", base_commit=sandbox.base_commit, patch="", test_patch="",
@@ -122,7 +116,7 @@ def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_dir,
     stored = [Trajectory.from_row(r) for r in read_records(path, TRAJECTORY_SCHEMA)]
     rows = build_rows(stored, DatasetConfig(test_fraction=0.0)).actguide.to_dicts()
     config = ActGuideTrainingConfig(batch_size=4)  # behaviour_logprobs: stored
-    starting = local_identity(str(tiny_dir), str(tiny_dir), policy.tokenizer.chat_template)
+    starting = local_identity(str(tiny_model), str(tiny_model), policy.tokenizer.chat_template)
     examples, counts = prepare_examples(rows, policy.tokenizer, config, starting)
     assert (counts["stored_tokens"], counts["rendered_tokens"]) == (2, 0)
     for example in examples:
@@ -131,7 +125,7 @@ def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_dir,
         sampled = [tok for s in example.segments for tok, bit in zip(s.response_ids, s.mask) if bit]
         assert sampled == [tok for turn in traj.token_ids for tok in turn]  # the ids it sampled, no re-tokenizing
         assert example.segments[0].prompt_ids == list(traj.prompt_token_ids[0])
-    trainer = ActGuideTrainer(AutoModelForCausalLM.from_pretrained(tiny_dir), policy.tokenizer, examples, config)
+    trainer = ActGuideTrainer(AutoModelForCausalLM.from_pretrained(tiny_model), policy.tokenizer, examples, config)
     for i, example in enumerate(examples):
         assert torch.equal(trainer.behaviour[i], torch.tensor(example.recorded))
         with torch.no_grad():  # the starting model on the stored ids gives back the stored numbers
