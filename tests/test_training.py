@@ -23,7 +23,7 @@ from training.actguide_examples import group_advantages, prepare_examples, train
 from training.common import load_model, read_run, read_split
 from training.config import ActGuideTrainingConfig, DPOTrainingConfig, LoraSettings
 from training.dpo import train_dpo
-from training.tiny_model import IM_END
+from training.tiny_model import IM_END, LAYERS
 
 ACTIONS = (Action("bash", '{"command": "grep -n add pkg"}'), Action("submit", "{}"))
 
@@ -138,7 +138,7 @@ def test_no_dpo_forward_materializes_an_attention_mask(folder, tiny, tmp_path, m
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     train_dpo(dpo_config(max_steps=1), tiny, folder, tmp_path / "run")
-    assert len(masks) >= 4 and all(mask is None for mask in masks)  # 2 layers x (policy + reference)
+    assert len(masks) >= 2 * LAYERS and all(mask is None for mask in masks)  # each layer of policy and reference
 
 
 def test_dpo_with_lora_saves_an_adapter_that_loads(folder, tiny, tmp_path):

@@ -40,8 +40,9 @@ def tiny(tiny_model):
 
 
 def sft_config(**changes) -> SFTTrainingConfig:
-    """Every row in one batch, the same batch each step: the loss must fall."""
-    return SFTTrainingConfig(**{"learning_rate": 2e-3, "lr_scheduler": "constant", "warmup": 0,
+    """Every row in one batch, the same batch each step: the loss must fall (and the token accuracy rise: from the
+    third step at 5e-3 on the one-layer tiny model, the fifth at 2e-3)."""
+    return SFTTrainingConfig(**{"learning_rate": 5e-3, "lr_scheduler": "constant", "warmup": 0,
                                 "per_device_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 4,
                                 "max_length": 4096, **changes})
 
@@ -85,7 +86,7 @@ def test_sft_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path
     assert changed > 0
     assert AutoTokenizer.from_pretrained(result.checkpoint).chat_template == CHAT_TEMPLATE
     used = json.loads((result.run_dir / "config.json").read_text())
-    assert used["settings"]["learning_rate"] == 2e-3 and used["starting_model"] == tiny
+    assert used["settings"]["learning_rate"] == 5e-3 and used["starting_model"] == tiny
     assert (result.run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -19,6 +19,9 @@ SEED = 0
 VOCAB_SIZE = 2048  # upper bound; a small corpus yields fewer merges
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CONTEXT = 16384  # tokens: an agent trajectory on a real repository runs to several thousand (rotary, no weights)
+# One layer: the closed loop (tests/test_closed_loop.py) memorizes a 4.7k-token row in about as many steps as with two,
+# each step costing about half (attention over the whole row is most of a step)
+LAYERS = 1
 
 # ChatML with Hermes-style tools, as Qwen2.5 renders them: the tool schemas (`tools`) close the system
 # turn inside <tools></tools>, tool calls are <tool_call> text after the content, tool results are a
@@ -86,13 +89,13 @@ def build_tiny_model(out_dir: Path, corpus_files: list[Path] | None = None) -> P
 
 
 def is_current(model_dir: Path) -> bool:
-    """Whether a built tiny model has this module's chat template and context length."""
+    """Whether a built tiny model has this module's chat template, context length and depth."""
     import json
 
     template = model_dir / "chat_template.jinja"
     config = json.loads((model_dir / "config.json").read_text())
     return (template.exists() and template.read_text() == CHAT_TEMPLATE
-            and config.get("max_position_embeddings") == CONTEXT)
+            and config.get("max_position_embeddings") == CONTEXT and config.get("num_hidden_layers") == LAYERS)
 
 
 def repo_text_files(root: Path = REPO_ROOT) -> list[Path]:
@@ -132,7 +135,7 @@ def train_tokenizer(files: list[Path]):
 
 
 def random_model(tokenizer):
-    """A 2-layer, 64-wide Llama over the tokenizer's vocabulary, initialised from SEED."""
+    """A LAYERS-deep, 64-wide Llama over the tokenizer's vocabulary, initialised from SEED."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -141,7 +144,7 @@ def random_model(tokenizer):
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=CONTEXT,
