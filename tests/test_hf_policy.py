@@ -46,6 +46,20 @@ def test_a_tiny_model_built_with_another_template_is_built_again(tiny, tmp_path)
     assert build_tiny_model(old) == old and (old / "chat_template.jinja").read_text() == CHAT_TEMPLATE
 
 
+def test_a_tiny_model_of_another_depth_is_built_again(tiny, tmp_path):
+    import json
+    import shutil
+
+    from training.tiny_model import LAYERS
+
+    old = tmp_path / "model"
+    shutil.copytree(tiny, old)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "num_hidden_layers": LAYERS + 1}))
+    assert build_tiny_model(old) == old
+    assert json.loads((old / "config.json").read_text())["num_hidden_layers"] == LAYERS
+
+
 def test_build_refuses_a_directory_holding_something_else(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="no complete tiny model"):
