@@ -288,6 +288,8 @@ def test_a_malformed_pyproject_rejects_its_package_and_the_others_go_on(synth_ru
     from pipeline.synthesis.synth import SynthConfig
 
     cache = synth_run[3]
+    # The hand-built sdist: its pyproject.toml lacks a bracket; tests/test_it.py is the package's own test file, there
+    # to be found by discovery, never run (the package is set aside at its build)
     files = {"pyproject.toml": b"[build-system]\nrequires = [\"setuptools\"\n", "badtoml/__init__.py": b"",
              "tests/test_it.py": b"def test_it():\n    assert True\n"}
     buf = io.BytesIO()
