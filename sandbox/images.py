@@ -28,13 +28,13 @@ class BaseImageConfig:
     tag: str = BASE_IMAGE_TAG
     """Tag given to the base image (built or derived from a pulled one)."""
     suite: str = "bookworm"
-    """Debian suite for debootstrap when nothing can be pulled (bookworm ships Python 3.11)."""
+    """Debian suite for mmdebstrap (or debootstrap) when nothing can be pulled (bookworm ships Python 3.11)."""
     mirror: str = "http://deb.debian.org/debian"
-    """Debian mirror debootstrap downloads from."""
+    """Debian mirror the root filesystem is downloaded from."""
     packages: tuple[str, ...] = field(
         default=("python3", "python3-venv", "python3-pip", "git", "procps", "patch", "ca-certificates")
     )
-    """Debian packages installed in a debootstrapped base."""
+    """Debian packages installed in a base built from Debian packages."""
 
 
 def docker_client() -> docker.DockerClient:
@@ -70,8 +70,8 @@ def ensure_base_image(config: BaseImageConfig | None = None, client: docker.Dock
             log.info("deriving %s from %s", config.tag, candidate)
             _add_user_layer(client, candidate, config.tag, venv_python="python3", install_tools=True)
             return config.tag
-    log.info("no base image could be pulled; building %s with debootstrap", config.tag)
-    _debootstrap_image(client, config)
+    log.info("no base image could be pulled; building %s from Debian packages", config.tag)
+    _bootstrap_image(client, config)
     return config.tag
 
 
@@ -123,26 +123,31 @@ def build_from_dockerfile(
             raise RuntimeError(f"building image {tag} failed: {exc.msg}\n{tail}") from exc
 
 
-def _debootstrap_image(client: docker.DockerClient, config: BaseImageConfig) -> None:
-    if shutil.which("debootstrap") is None:
-        raise RuntimeError(
-            "No base image can be pulled and debootstrap is missing: install it "
-            "(`apt-get install debootstrap`) or make one of "
-            f"{', '.join(config.pull_candidates)} available to the engine."
-        )
-    with tempfile.TemporaryDirectory(prefix="handhold-rootfs-") as root:
-        subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(config.packages)}",
-             config.suite, root, config.mirror],
-            check=True, stdout=subprocess.DEVNULL,
-        )
-        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            shutil.rmtree(os.path.join(root, cache), ignore_errors=True)
-        raw_tag = config.tag + "-rootfs"
-        with tempfile.NamedTemporaryFile(suffix=".tar") as tar:
-            subprocess.run(["tar", "-C", root, "-cf", tar.name, "."], check=True)
-            repository, tag = raw_tag.rsplit(":", 1)
-            client.api.import_image_from_file(tar.name, repository=repository, tag=tag)
+def _bootstrap_image(client: docker.DockerClient, config: BaseImageConfig) -> None:
+    """Build the Debian root filesystem with mmdebstrap (one apt download, dpkg in one go: 41-55 s on a 2-core
+    machine) or, where only it is installed, debootstrap (~78 s), and import it with the sandbox user added."""
+    include = f"--include={','.join(config.packages)}"
+    raw_tag = config.tag + "-rootfs"
+    repository, tag = raw_tag.rsplit(":", 1)
+    with tempfile.TemporaryDirectory(prefix="handhold-rootfs-") as work:
+        tar = os.path.join(work, "rootfs.tar")
+        if shutil.which("mmdebstrap"):  # writes the tarball itself, apt's lists and downloads left out
+            subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", include, config.suite, tar, config.mirror],
+                           check=True, stdout=subprocess.DEVNULL)
+        elif shutil.which("debootstrap"):
+            root = os.path.join(work, "root")
+            subprocess.run(["debootstrap", "--variant=minbase", include, config.suite, root, config.mirror],
+                           check=True, stdout=subprocess.DEVNULL)
+            for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                shutil.rmtree(os.path.join(root, cache), ignore_errors=True)
+            subprocess.run(["tar", "-C", root, "-cf", tar, "."], check=True)
+        else:
+            raise RuntimeError(
+                "No base image can be pulled and neither mmdebstrap nor debootstrap is installed: install one "
+                f"(`apt-get install mmdebstrap`) or make one of {', '.join(config.pull_candidates)} available "
+                "to the engine."
+            )
+        client.api.import_image_from_file(tar, repository=repository, tag=tag)
     _add_user_layer(client, raw_tag, config.tag, venv_python="python3")
 
 
