@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -64,15 +67,25 @@ def ensure_base_image(config: BaseImageConfig | None = None, client: docker.Dock
     client = client or docker_client()
     if image_exists(client, config.tag):
         return config.tag
+    # One build at a time on this machine: a second caller (the suite's other worker, a build `make test` started
+    # in the background) waits for it and finds the image made.
+    lock = Path(tempfile.gettempdir()) / f"handhold-{re.sub(r'[^A-Za-z0-9.-]+', '-', config.tag)}.lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        if not image_exists(client, config.tag):
+            _build_base_image(client, config)
+    return config.tag
+
+
+def _build_base_image(client: docker.DockerClient, config: BaseImageConfig) -> None:
     for candidate in config.pull_candidates:
         pulled = _present_or_pulled(client, candidate)
         if pulled:
             log.info("deriving %s from %s", config.tag, candidate)
             _add_user_layer(client, candidate, config.tag, venv_python="python3", install_tools=True)
-            return config.tag
+            return
     log.info("no base image could be pulled; building %s from Debian packages", config.tag)
     _bootstrap_image(client, config)
-    return config.tag
 
 
 def _present_or_pulled(client: docker.DockerClient, name: str) -> bool:

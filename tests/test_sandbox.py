@@ -507,3 +507,29 @@ def test_a_session_lost_in_a_privileged_command_is_an_error_and_the_session_rest
         after = sb.run("echo alive; id -u", 10)
         assert after.output.split()[0] == "alive" and after.output.split()[1] != "0"
         assert sb.run_privileged("id -u", 10).output == "0\n"
+
+
+@pytest.mark.docker
+def test_two_callers_at_once_build_the_base_image_once(base_image, docker_client, monkeypatch):
+    """`make test` builds the base image in the background while the suite starts: a caller that comes meanwhile
+    waits for that build instead of starting its own, and finds the image made."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox import images
+
+    config = images.BaseImageConfig(pull_candidates=(base_image,), tag=f"handhold/test-base-once:{time.time_ns()}")
+    builds, real = [], images._build_base_image
+
+    def counted(client, cfg):
+        builds.append(cfg.tag)
+        time.sleep(1)  # the second caller arrives while this one builds
+        real(client, cfg)
+
+    monkeypatch.setattr(images, "_build_base_image", counted)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            tags = list(pool.map(lambda _: images.ensure_base_image(config, docker_client), range(2)))
+        assert tags == [config.tag, config.tag] and builds == [config.tag]
+        assert docker_client.images.get(config.tag).labels.get(LABEL) == "base"
+    finally:
+        docker_client.images.remove(config.tag, force=True)
