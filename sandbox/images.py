@@ -67,8 +67,8 @@ def ensure_base_image(config: BaseImageConfig | None = None, client: docker.Dock
     client = client or docker_client()
     if image_exists(client, config.tag):
         return config.tag
-    # One build at a time on this machine: a second caller (the suite's other worker, a build `make test` started
-    # in the background) waits for it and finds the image made.
+    # One build at a time on this machine: a second caller (another `handhold` command, the suite's other worker)
+    # waits for the first one's build and finds the image made.
     lock = Path(tempfile.gettempdir()) / f"handhold-{re.sub(r'[^A-Za-z0-9.-]+', '-', config.tag)}.lock"
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes, or when the process dies

@@ -511,8 +511,8 @@ def test_a_session_lost_in_a_privileged_command_is_an_error_and_the_session_rest
 
 @pytest.mark.docker
 def test_two_callers_at_once_build_the_base_image_once(base_image, docker_client, monkeypatch):
-    """`make test` builds the base image in the background while the suite starts: a caller that comes meanwhile
-    waits for that build instead of starting its own, and finds the image made."""
+    """Two commands that need the missing base image at once: the second waits for the first one's build instead
+    of starting its own, and finds the image made."""
     from concurrent.futures import ThreadPoolExecutor
 
     from sandbox import images
