@@ -67,9 +67,10 @@ def ensure_base_image(config: BaseImageConfig | None = None, client: docker.Dock
     client = client or docker_client()
     if image_exists(client, config.tag):
         return config.tag
-    # One build at a time on this machine: a second caller (another `handhold` command, the suite's other worker)
-    # waits for the first one's build and finds the image made.
-    lock = Path(tempfile.gettempdir()) / f"handhold-{re.sub(r'[^A-Za-z0-9.-]+', '-', config.tag)}.lock"
+    # One build at a time per user on this machine: a second caller (another `handhold` command, the suite's
+    # other worker) waits for the first one's build and finds the image made.
+    name = re.sub(r"[^A-Za-z0-9.-]+", "-", config.tag)
+    lock = Path(tempfile.gettempdir()) / f"handhold-{os.getuid()}-{name}.lock"
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
         if not image_exists(client, config.tag):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure some commands exist: on Debian as root, install the packages of the missing ones in one apt
 # transaction; elsewhere, say what to install. Usage: scripts/ensure_packages.sh WHY COMMAND=PACKAGE ...
-# (COMMAND=PACKAGE|COMMAND2: present when either command is, the first package installed when neither is).
+# (COMMAND|OTHER=PACKAGE: present when either command is; PACKAGE installed when neither is).
 # One transaction, not one a package: a fresh machine's `make test` paid an apt-get update and a scan of its
 # services (needrestart, which docker.io recommends) for each of its four packages.
 set -euo pipefail
