@@ -517,7 +517,9 @@ def test_two_callers_at_once_build_the_base_image_once(base_image, docker_client
 
     from sandbox import images
 
-    config = images.BaseImageConfig(pull_candidates=(base_image,), tag=f"handhold/test-base-once:{time.time_ns()}")
+    config = images.BaseImageConfig(pull_candidates=(base_image,), tag="handhold/test-base-once:1")
+    if images.image_exists(docker_client, config.tag):  # left by an interrupted run
+        docker_client.images.remove(config.tag, force=True)
     builds, real = [], images._build_base_image
 
     def counted(client, cfg):
