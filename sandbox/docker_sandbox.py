@@ -20,7 +20,8 @@ from sandbox import become_builtin, session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
 from sandbox.exec_stream import privileged_argv, read_output
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
-from sandbox.shell import STATE_DIR, ShellClosed, ShellSession, kill_all_command, run_or_restart, server_argv
+from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, kill_all_command, run_or_restart,
+                           server_argv)
 from sandbox.worktree import diff_command, head_command, reset_command
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class DockerSandbox:
 
     def _interrupt(self) -> None:
         """Kill the running command's process group (the shell loop survives)."""
-        self.container.exec_run(["sh", "-c", f"kill -s KILL -- -$(cat {STATE_DIR}/pid)"], user="root")
+        self.container.exec_run(["sh", "-c", interrupt_command(STATE_DIR)], user="root")
 
     def _send(self, data: bytes) -> None:
         try:

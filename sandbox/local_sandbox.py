@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sandbox import become_builtin
 from sandbox.base import DEFAULT_TIMEOUT, OUTPUT_CAP, CommandResult, SandboxError
-from sandbox.shell import ShellSession, kill_all_command, run_or_restart, server_argv
+from sandbox.shell import ShellSession, interrupt_command, kill_all_command, run_or_restart, server_argv
 from sandbox.worktree import diff_command, head_command, reset_command
 
 
@@ -61,10 +61,7 @@ class LocalSandbox:
         return os.read(self._proc.stdout.fileno(), 1 << 16) if ready else None
 
     def _interrupt(self) -> None:
-        try:
-            os.killpg(int(Path(self._state, "pid").read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+        subprocess.run(["sh", "-c", interrupt_command(self._state)], check=False)
 
     def _restart_shell(self) -> None:
         self._stop_shell()

@@ -192,6 +192,16 @@ def _decode(body: bytes, cut: int, cap: int) -> str:
     )
 
 
+def interrupt_command(state_dir: str) -> str:
+    """Shell that kills the running command's process group and returns once none of its members is alive (2 s at
+    most): the loop answers when the command's own shell is reaped, while the rest of its pipeline dies on the
+    kernel's time, and the next command must not see it. Zombies do not count (an orphan's is reaped by PID 1,
+    slowly where that is no real init); without `ps` it returns at once."""
+    return (f"g=$(cat {state_dir}/pid) && kill -s KILL -- -$g 2>/dev/null; i=0; while [ $i -lt 200 ] && "
+            f"ps -e -o pgid=,stat= 2>/dev/null | awk -v g=$g '$1 == g && $2 !~ /^Z/ {{f = 1}} END {{exit !f}}'; "
+            f"do sleep 0.01; i=$((i + 1)); done; true")
+
+
 def kill_all_command(state_dir: str) -> str:
     """Shell that kills every process group the session's commands started (a fork bomb included)."""
     return (f"for g in $(cat {state_dir}/pgids 2>/dev/null); do kill -s KILL -- -$g 2>/dev/null; done; "
