@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.records import Task
 from pipeline.settings import HandholdConfig, SettingsError, from_mapping, load_config, to_mapping
-from pipeline.synthesis.backend import editable_requirements, raised_pins
+from pipeline.synthesis.backend import editable_requirements, installed_backend, raised_pins, run_pip
 from pipeline.synthesis.discover import PYTEST, discover
 from pipeline.synthesis.mutations import BugCandidate
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
@@ -153,6 +153,16 @@ def test_hatchling_backend_asked_for_its_editable_needs(tmp_path):
         needs = editable_requirements(root, tmp_path / "cache")
         assert [re.split(r"[=~]", r)[0] for r in needs] == ["hatchling", "editables"]
         assert re.fullmatch(r"hatchling==[\d.]+", needs[0])  # pinned to the version that was asked
+    assert len(list((tmp_path / "cache/backend").glob("*/.complete"))) == 1  # one install for the same needs
+
+    # pip builds the wheel with the backend installed for the package, else isolated (hatchling is not in this venv)
+    quick = run_pip(("wheel", "-q", "--no-deps", "-w", str(tmp_path / "quick"), str(plain)),
+                    installed_backend(plain, tmp_path / "cache"))
+    isolated = run_pip(("wheel", "-q", "--no-deps", "-w", str(tmp_path / "isolated"), str(plain)))
+    assert quick.returncode == isolated.returncode == 0, quick.stderr + isolated.stderr
+    assert "--no-build-isolation" in quick.args and "--no-build-isolation" not in isolated.args
+    for built in ("quick", "isolated"):  # the tag is the backend version's to choose (py3, or py2.py3)
+        assert [re.sub(r"-py.*", "", p.name) for p in (tmp_path / built).iterdir()] == ["demo-1.0"], built
 
 
 def test_legacy_setup_py_gets_a_pep660_setuptools(tmp_path):

@@ -26,7 +26,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from pipeline.synthesis.backend import BackendError, editable_requirements
+from pipeline.synthesis.backend import BackendError, editable_requirements, installed_backend, run_pip
 from pipeline.synthesis.discover import PYTEST, discover
 
 log = logging.getLogger(__name__)
@@ -121,9 +120,8 @@ def package_specs(entries: tuple[str | Mapping, ...]) -> tuple[PackageSpec, ...]
     return tuple(parse_entry(e) for e in entries)
 
 
-def _pip(stage: str, key: str, *args: str, fix: str) -> str:
-    cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+def _pip(stage: str, key: str, *args: str, fix: str, backend: Path | None = None) -> str:
+    done = run_pip(args, backend)
     if done.returncode != 0:
         raise PackageError(f"{key}: `pip {shlex.join(args)}` failed; {fix}. pip said: "
                            f"{done.stderr.strip()[-1200:]}", stage)
@@ -278,12 +276,13 @@ def dependency_wheels(spec: PackageSpec, root: Path, cache: Path) -> Path:
     if (wheels / ".complete").exists():
         return wheels
     wheels.mkdir(parents=True, exist_ok=True)
+    backend = installed_backend(root, cache)
     # pip builds a local folder in place: on `root` itself, setuptools would leave build/lib (a copy of the
     # pristine source) in the tree the image is made from
     with tempfile.TemporaryDirectory(prefix="handhold-wheel-") as tmp:
         copy = Path(tmp) / root.name
         shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
-        _pip("wheels", spec.key, "wheel", "-q", "-w", str(wheels), *reqs, str(copy),
+        _pip("wheels", spec.key, "wheel", "-q", "-w", str(wheels), *reqs, str(copy), backend=backend,
              fix="set test_requirements=<requirements> in the package entry to ones that install")
     (wheels / ".complete").touch()
     return wheels
