@@ -12,7 +12,8 @@ import pytest
 
 from pipeline.records import Task
 from pipeline.settings import HandholdConfig, SettingsError, from_mapping, load_config, to_mapping
-from pipeline.synthesis.backend import editable_requirements, installed_backend, raised_pins, run_pip
+from pipeline.synthesis.backend import (backend_target, editable_requirements, installed_backend, raised_pins,
+                                        run_pip)
 from pipeline.synthesis.discover import PYTEST, discover
 from pipeline.synthesis.mutations import BugCandidate
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
@@ -163,6 +164,18 @@ def test_hatchling_backend_asked_for_its_editable_needs(tmp_path):
     assert "--no-build-isolation" in quick.args and "--no-build-isolation" not in isolated.args
     for built in ("quick", "isolated"):  # the tag is the backend version's to choose (py3, or py2.py3)
         assert [re.sub(r"-py.*", "", p.name) for p in (tmp_path / built).iterdir()] == ["demo-1.0"], built
+
+
+def test_metadata_that_disagrees_with_the_file_is_made_again_isolated(tmp_path):
+    """Under a backend without setuptools_scm, tabulate 0.9.0's metadata says 0.0.0: pip, not isolated, discards
+    it and builds 0.8.10, with no error. Its log says so, and the wheels are made again, isolated, in an empty
+    folder."""
+    backend = backend_target(["setuptools>=64", "wheel"], tmp_path / "cache")
+    out = tmp_path / "wheels"
+    args = ("wheel", "-q", "--no-deps", "--no-binary", ":all:", "--no-cache-dir", "-w", str(out), "tabulate<0.10")
+    done = run_pip(args, backend, out)  # built from its sdist every time (pip's wheel cache would answer instead)
+    assert done.returncode == 0 and "--no-build-isolation" not in done.args, done.stderr
+    assert [p.name for p in out.iterdir()] == ["tabulate-0.9.0-py3-none-any.whl"]
 
 
 def test_legacy_setup_py_gets_a_pep660_setuptools(tmp_path):

@@ -15,11 +15,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 MARK = "HANDHOLD-BACKEND "
+# What pip logs of an sdist whose metadata does not match the version its file name says (it then discards it)
+INCONSISTENT = ("but installing version", "has inconsistent")
 HOOK = f"""
 import importlib, json, sys
 mod, _, attr = sys.argv[1].partition(":")
@@ -117,14 +120,24 @@ def installed_backend(root: Path, cache: Path) -> Path | None:
         return None
 
 
-def run_pip(args: tuple[str, ...], backend: Path | None = None) -> subprocess.CompletedProcess:
-    """pip without build isolation first, then, where that fails, with it: an isolated build installs its backend
-    anew each time (downloading toolz's sdist: 8.0 CPU s, 2.9 without). An sdist's metadata is then made by this
-    venv's setuptools, a wheel by the `backend` installed for the package (`installed_backend`)."""
+def run_pip(args: tuple[str, ...], backend: Path | None = None, out: Path | None = None) -> subprocess.CompletedProcess:
+    """pip; given the folder `installed_backend` installed the package's build requirements in (`backend`), first
+    without build isolation, that folder on PYTHONPATH: an isolated build installs the backend anew each time
+    (~5 CPU s). A failure, or metadata that disagreed with its file's version, is made again isolated, `out`
+    emptied first: a dependency's sdist may need plugins the package's backend lacks, and its metadata is then
+    wrong (tabulate's says 0.0.0 without setuptools_scm, and pip discards it for an older tabulate, no error)."""
     cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
-    env = {**os.environ, "PYTHONPATH": str(backend)} if backend else None
-    done = subprocess.run([*cmd, "--no-build-isolation"], capture_output=True, text=True, env=env)
-    return done if done.returncode == 0 else subprocess.run(cmd, capture_output=True, text=True)
+    if backend is not None:
+        with tempfile.NamedTemporaryFile("r", prefix="handhold-pip-", suffix=".log") as log:  # pip's verbose log
+            done = subprocess.run([*cmd, "--no-build-isolation", "--log", log.name], capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(backend)})
+            said = log.read()
+        if done.returncode == 0 and not any(m in said for m in INCONSISTENT):
+            return done
+        if out is not None:
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def editable_requirements(root: Path, cache: Path) -> list[str]:

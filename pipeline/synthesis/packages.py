@@ -120,8 +120,8 @@ def package_specs(entries: tuple[str | Mapping, ...]) -> tuple[PackageSpec, ...]
     return tuple(parse_entry(e) for e in entries)
 
 
-def _pip(stage: str, key: str, *args: str, fix: str, backend: Path | None = None) -> str:
-    done = run_pip(args, backend)
+def _pip(stage: str, key: str, *args: str, fix: str, backend: Path | None = None, out: Path | None = None) -> str:
+    done = run_pip(args, backend, out)
     if done.returncode != 0:
         raise PackageError(f"{key}: `pip {shlex.join(args)}` failed; {fix}. pip said: "
                            f"{done.stderr.strip()[-1200:]}", stage)
@@ -282,7 +282,7 @@ def dependency_wheels(spec: PackageSpec, root: Path, cache: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="handhold-wheel-") as tmp:
         copy = Path(tmp) / root.name
         shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
-        _pip("wheels", spec.key, "wheel", "-q", "-w", str(wheels), *reqs, str(copy), backend=backend,
+        _pip("wheels", spec.key, "wheel", "-q", "-w", str(wheels), *reqs, str(copy), backend=backend, out=wheels,
              fix="set test_requirements=<requirements> in the package entry to ones that install")
     (wheels / ".complete").touch()
     return wheels
