@@ -22,12 +22,13 @@ from sandbox.exec_stream import privileged_argv, read_output
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, kill_all_command, run_or_restart,
                            server_argv)
-from sandbox.worktree import diff_command, head_command, reset_command
+from sandbox.worktree import diff_command, head_command, keep_index_command, reset_command
 
 log = logging.getLogger(__name__)
 
 SCRATCH = "/tmp/.handhold"  # the harness's own files (patches, scripts)
 PRIVATE = "/run/handhold-private"  # root's only: what the sandbox user must neither read nor write
+TRUSTED_INDEX = "/run/handhold-index/index"  # root's, the user's to read: the index a reset starts from
 SESSION_TMPFS = "128m"  # the session's in-memory folder: state, and the current command's full output
 _USERS: dict[tuple[str, str], tuple[str, str]] = {}  # (image id, configured user) -> DockerSandbox._users()
 
@@ -43,6 +44,7 @@ class DockerSandbox:
         self.config = config or SandboxSpec()
         self.client = client or docker_client()
         self.container, self.run_as = None, ""
+        self._trusted: tuple[str, str | None] | None = None  # (workdir, base) TRUSTED_INDEX was kept for
         self._shell: ShellSession | None = None
         self._sock = None
         try:
@@ -261,7 +263,14 @@ class DockerSandbox:
         return self._checked(diff_command(self.workdir, self.base_commit), "git diff")
 
     def reset(self) -> None:
-        self._checked(reset_command(self.workdir, self.base_commit), "resetting the work tree")
+        """The work tree back to base: the first reset compares every file and, where commands run as a user
+        other than root, keeps its index where they cannot write, for later resets to start from."""
+        trusted = self._trusted == (self.workdir, self.base_commit)
+        self._checked(reset_command(self.workdir, self.base_commit, TRUSTED_INDEX if trusted else None),
+                      "resetting the work tree")
+        keep = keep_index_command(self.workdir, TRUSTED_INDEX, self.run_as) if self.run_as and not trusted else ""
+        if keep and self.run_privileged(keep, 60).exit_code == 0:
+            self._trusted = (self.workdir, self.base_commit)
 
     # -- lifecycle -----------------------------------------------------------------------
     @property

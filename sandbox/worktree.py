@@ -6,6 +6,10 @@ import shlex
 
 # The agent may write .git/config: no program it names there (an fsmonitor, hooks) runs, or answers for the tree.
 GIT = "git -c safe.directory='*' -c core.quotepath=off -c core.fsmonitor=false -c core.hooksPath=/dev/null"
+# What git trusts a file's stat data by, whatever the agent wrote in .git/config: every field (ctime included),
+# no assume-unchanged bits set, no untracked cache, split index or sparse checkout.
+TRUST_STAT = ("-c core.trustctime=true -c core.checkStat=default -c core.ignoreStat=false -c core.fileMode=true "
+              "-c core.untrackedCache=false -c core.splitIndex=false -c core.sparseCheckout=false")
 # Build and cache files a run leaves behind are never part of a patch.
 NOT_PATCH = ":(exclude,glob)**/__pycache__/** :(exclude,glob)**/*.pyc :(exclude,glob)**/*.egg-info/** " \
             ":(exclude,glob)**/.pytest_cache/**"
@@ -33,9 +37,38 @@ def diff_command(workdir: str, base: str | None) -> str:
     )
 
 
-def reset_command(workdir: str, base: str | None) -> str:
-    """Tracked files back to base, untracked (not ignored) files removed; build outputs kept."""
-    return f"cd {shlex.quote(workdir)} && {checkout_command(shlex.quote(base or 'HEAD'))} && {GIT} clean -fdq"
+def reset_command(workdir: str, base: str | None, trusted_index: str | None = None) -> str:
+    """Tracked files back to base, untracked (not ignored) files removed; build outputs kept.
+
+    Without `trusted_index` every file's contents are compared (checkout_command). With it, an index an
+    earlier reset wrote, kept where the agent cannot write (keep_index_command): git starts from its stat
+    data and compares and rewrites only the files whose stat changed since. No edit keeps a file's ctime,
+    the agent's config cannot make git look past it (TRUST_STAT), and the copy keeps the index's mtime, so
+    git still compares the contents of what was written in the index's own tick (racy git). 1,000 files:
+    ~35 ms against ~50-80 (benchmarks/sandbox_exec.py).
+    """
+    git = f"{GIT} {TRUST_STAT}"
+    base = shlex.quote(base or "HEAD")
+    if trusted_index is None:
+        start = checkout_command(base, git)
+    else:
+        start = (f"cp --preserve=timestamps --remove-destination {shlex.quote(trusted_index)} .git/index && "
+                 f"{git} reset -q --hard {base}")
+    return f"cd {shlex.quote(workdir)} && {start} && {git} clean -fdq"
+
+
+def keep_index_command(workdir: str, trusted_index: str, run_as: str) -> str:
+    """Root's shell that copies the work tree's index, as a reset just wrote it, to `trusted_index`: a file
+    the sandbox user can read and not write. The index is read as that user (`run_as`: "uid gid ..."), so a
+    link planted in its place shows root's files to no one; the copy keeps its mtime. A folder that is not root's
+    alone (the user made it first) is not written in."""
+    uid, gid = run_as.split()[:2]
+    as_user = f"setpriv --reuid={uid} --regid={gid} --clear-groups"
+    index, new = shlex.quote(f"{workdir.rstrip('/')}/.git/index"), shlex.quote(trusted_index + ".new")
+    folder = shlex.quote(trusted_index.rsplit("/", 1)[0] or "/")
+    return (f"mkdir -p -m 0755 {folder} && [ \"$(stat -c %u:%a {folder})\" = 0:755 ] && "
+            f"when=$({as_user} stat -c %y {index}) && {as_user} cat {index} > {new} && touch -d \"$when\" {new} "
+            f"&& chmod 0644 {new} && mv -f {new} {shlex.quote(trusted_index)}")
 
 
 def checkout_command(base: str, git: str = GIT) -> str:

@@ -139,6 +139,29 @@ def test_reset_ignores_what_the_agent_did_to_the_index(sandbox):
     assert sandbox.diff() == "" and sandbox.run("git ls-files -v").output.split() == ["H", "f.txt", "H", "pkg/m.py"]
 
 
+def test_later_resets_start_from_an_index_the_agent_cannot_write(sandbox):
+    """The first reset compares every file; the later ones trust the stat data of the index it left, kept out
+    of the agent's reach. A same-size edit whose mtime is put back, a second after that index, under a config
+    telling git to trust size and mtime alone, is still undone; an untouched file is not rewritten."""
+    make_repo(sandbox)
+    sandbox.run("sleep 1.1")  # the files older than the index the reset writes: none racily clean
+    sandbox.reset()
+    untouched = sandbox.run("stat -c %Z pkg/m.py").output
+    for round_ in range(2):
+        sandbox.run("sleep 1.1 && git config core.trustctime false && git config core.checkStat minimal "
+                    "&& git config core.ignoreStat true && touch -r f.txt /tmp/hh-ref && printf 'a\\nB\\n' > f.txt "
+                    "&& touch -r /tmp/hh-ref f.txt && git update-index --assume-unchanged f.txt && touch new.py")
+        assert "-b\n+B" in sandbox.diff(), round_
+        sandbox.reset()
+        assert sandbox.read_file("f.txt") == b"a\nb\n" and sandbox.diff() == "", round_
+        assert sandbox.run("test -e new.py").exit_code == 1
+    assert sandbox.run("stat -c %Z pkg/m.py").output == untouched
+    if isinstance(sandbox, DockerSandbox):
+        kept = sandbox.run("test -r /run/handhold-index/index && echo readable; { echo x > /run/handhold-index/index; } "
+                           "2>/dev/null || echo refused; touch /run/handhold-index/other 2>/dev/null || echo refused")
+        assert kept.output.split() == ["readable", "refused", "refused"], kept.output
+
+
 def test_diff_and_reset_run_no_program_the_agent_configured(sandbox):
     """An fsmonitor the agent sets in .git/config runs as git reads the tree, and may answer that nothing
     changed: the diff and the reset never ask it."""
