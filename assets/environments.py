@@ -107,11 +107,12 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
           credentials: Credentials) -> dg.MaterializeResult:
     """Validated tasks: synthesized bugs plus dataset rows whose gold patch resolves and empty patch does not."""
     config, layout = settings.resolved(), settings.layout()
+    rows = layout.read_dataset_tasks()  # before the synthesis: a missing task_sources fails in a second, not after it
     writer = teacher_client(config.guidance, credentials.key("teacher"))  # writes problem statements, if an LLM
     synthesized, report = synthesize(config.synth, config.base_image.tag, layout.cache(), docker_client(),
                                      statement_writer=writer)
     synthesized, overlapping = decontaminate(synthesized, config.sources.decontaminate, config.sources.eval_benchmarks)
-    checked, dataset_rejects, validated = dataset_tasks(settings, layout.read_dataset_tasks(), config.synth.workers)
+    checked, dataset_rejects, validated = dataset_tasks(settings, rows, config.synth.workers)
     all_tasks, rejects = synthesized + checked, report.rejects + overlapping + dataset_rejects
     path = write_rows(layout.tasks(), [t.to_row() for t in all_tasks], TASK_SCHEMA)
     write_rows(layout.task_rejects(), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)

@@ -125,6 +125,25 @@ def test_setup_cfg_tox_and_requirements_files(tmp_path):
             "requirements-test.txt"} <= set(found.found)
 
 
+def test_the_packages_own_extras_are_replaced_by_what_they_list(tmp_path):
+    # attrs' layout: pip cannot pair `attrs[tests-mypy]` with the local copy and fails on every release
+    root = tree(tmp_path, {
+        "pyproject.toml": """
+[project]
+name = "Demo_Pkg"
+[project.optional-dependencies]
+tests = ["demo-pkg[tests-no-zope]", "zope.interface"]
+tests-mypy = ["mypy>=1.11", "pytest-mypy-plugins; python_version >= '3.10'"]
+tests_no_zope = ["Demo.Pkg[tests-mypy,tests]", "hypothesis", "pympler"]
+[dependency-groups]
+test = ["demo-pkg[tests-mypy]", "freezegun"]
+""",
+        "demo_pkg/__init__.py": "", "tests/test_a.py": "import demo_pkg\n"})
+    found = discover(root, "demo-pkg")
+    assert found.test_requirements == (PYTEST, "hypothesis", "pympler", "zope.interface", "freezegun")
+    assert {"extra 'tests'", "dependency group 'test'"} <= set(found.found)
+
+
 def test_top_level_test_module_and_single_module_package(tmp_path):
     root = tree(tmp_path, {"six.py": "", "test_six.py": "import six\n", "setup.py": "", "documentation/x.txt": ""})
     found = discover(root, "six")

@@ -82,7 +82,7 @@ def discover(root: Path, name: str) -> Discovered:
     if config_file:
         found.append(f"pytest configuration in {config_file}")
     paths = _test_paths(root, ini, found)
-    declared = _declared_requirements(root, found)
+    declared = _declared_requirements(root, name, found)
     args, plugins = _addopts(ini, found)
     plugins += [dist for key, dist in INI_PLUGINS.items() if key in ini]
     plugins += ini.get("required_plugins", "").split()
@@ -133,17 +133,19 @@ def _source_globs(root: Path, name: str) -> list[str]:
     return [f"{prefix}{m}" for m in modules]
 
 
-def _declared_requirements(root: Path, found: list[str]) -> list[str]:
+def _declared_requirements(root: Path, name: str, found: list[str]) -> list[str]:
     out: list[str] = []
     pyproject = read_toml(root / "pyproject.toml") if (root / "pyproject.toml").is_file() else {}
     extras = {**_setup_extras(root), **pyproject.get("project", {}).get("optional-dependencies", {})}
+    own = {requirement_name(name), requirement_name(str(pyproject.get("project", {}).get("name", name)))}
     groups = pyproject.get("dependency-groups", {})
     tables = ((extras, "extra"), (groups, "dependency group"))
     wanted = TEST_EXTRAS if any(n in t for t, _ in tables for n in TEST_EXTRAS) else FALLBACK_EXTRAS
     tox_extras = _tox_option(root, "extras")
     for table, what in tables:
-        for n in [n for n in wanted if n in table] + [n for n in tox_extras if n in table and table is extras]:
-            items = [r for r in table[n] if isinstance(r, str)]  # groups may {include-group = ...}
+        names = [n for n in wanted if n in table] + [n for n in tox_extras if n in table and table is extras]
+        for n in dict.fromkeys(names):
+            items = _own_extras(table[n], extras, own, {n} if table is extras else set())
             found.append(f"{what} {n!r}")
             out += items
     poetry = pyproject.get("tool", {}).get("poetry", {})
@@ -157,6 +159,23 @@ def _declared_requirements(root: Path, found: list[str]) -> list[str]:
         found.append(path.name)
         out += _requirements_file(path)
     return [r for r in out if not r.startswith(".")]
+
+
+def _own_extras(items: list, extras: dict[str, list], own: set[str], seen: set[str]) -> list[str]:
+    """The requirements, the package's own extras (`attrs[tests-mypy]` in attrs' `tests` extra) replaced by what
+    they list: pip cannot match them to the local copy and fails trying every published release against it."""
+    out: list[str] = []
+    for item in [r for r in items if isinstance(r, str)]:  # dependency groups may hold {include-group = ...}
+        if requirement_name(item) not in own:
+            out.append(item)
+            continue
+        named = re.match(r"^[^\[;]*\[([^\]]*)\]", item)
+        for extra in (e.strip() for e in named.group(1).split(",")) if named else ():
+            key = next((k for k in extras if requirement_name(k) == requirement_name(extra)), None)
+            if key is not None and key not in seen:
+                seen.add(key)
+                out += _own_extras(extras[key], extras, own, seen)
+    return out
 
 
 def _setup_extras(root: Path) -> dict[str, list[str]]:
