@@ -180,11 +180,15 @@ def test_a_message_quoting_the_patch_is_dropped():
 def test_statement_names_the_subject_tests_and_error(seed):
     tests = ["tests/test_itertoolz.py::test_partition", "tests/test_itertoolz.py::test_partition_all[2]"]
     messages = {tests[0]: "IndexError: tuple index out of range"}
-    statement = problem_statement("pytoolz/toolz", tests, messages, seed=seed)
+    subjects = ["toolz.itertoolz.partition"]
+    statement = problem_statement("pytoolz/toolz", tests, messages, seed=seed, subjects=subjects)
     assert "`toolz.itertoolz.partition`" in statement
     assert all(f"`{test}`" in statement for test in tests)
     assert "IndexError: tuple index out of range" in statement
-    assert problem_statement("pytoolz/toolz", tests, messages, seed=seed) == statement
+    assert problem_statement("pytoolz/toolz", tests, messages, seed=seed, subjects=subjects) == statement
+    # no name of the package found for the tests: the package is the subject, nothing is made up
+    statement = problem_statement("pytoolz/toolz", tests, messages, seed=seed)
+    assert "`toolz`" in statement and "`toolz." not in statement
 
 
 def test_templates_vary_with_the_seed():

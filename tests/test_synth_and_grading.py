@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 
 import pytest
 
 from pipeline.records import TASK_SCHEMA, Task
 from pipeline.store import read_rows, write_rows
+from pipeline.synthesis.packages import fetch_source
+from pipeline.synthesis.subjects import api_index
 from pipeline.synthesis.synth import synthesize
 from pipeline.synthesis.task_cache import cached_tasks
 from pipeline.tasks.stage_clock import STAGES, StageClock
@@ -19,7 +22,8 @@ from tests.conftest import TOOLZ
 
 
 def test_synthesis_yields_valid_tasks(synth_run):
-    tasks, report, _, _ = synth_run
+    tasks, report, _, cache = synth_run
+    names = set(api_index(fetch_source(TOOLZ, cache), TOOLZ.source_globs).names.values())
     assert len(tasks) >= 2, report.as_json()
     counts = report.per_package[TOOLZ.key]
     assert counts["generated"] >= counts["compiled"] >= counts["tested"] >= counts["broke_tests"] >= counts["kept"]
@@ -36,6 +40,9 @@ def test_synthesis_yields_valid_tasks(synth_run):
         removed = [line[1:].strip() for line in task.patch.splitlines()
                    if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
         assert not any(line in task.problem_statement for line in removed if len(line) > 12)
+        # what the statement names is the package's own, never made up from the tests' names
+        assert set(re.findall(r"`(toolz\.[\w.]+)`", task.problem_statement)) <= names, task.problem_statement
+    assert any(re.search(r"`toolz\.\w+\.\w+`", task.problem_statement) for task in tasks)
 
 
 def test_the_time_breakdown_sums_to_the_total_and_counts_every_run(synth_run):
@@ -319,9 +326,11 @@ def test_statement_writer_llm_and_its_fallbacks(toolz_task):
     server = OpenAIServer([Reply(text=issue), Reply(text=f"Fix it like this:\n{fix_line}"), Reply(status=500)])
     with server as url:
         writer = OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0))
-        args = ("toolz", list(toolz_task.FAIL_TO_PASS), {}, toolz_task.patch, 0)
+        args = ("toolz", list(toolz_task.FAIL_TO_PASS), {}, toolz_task.patch, 0, ["toolz.itertoolz.merge_sorted"])
         assert written_statement(writer, *args) == issue + "\n"
         template = written_statement(None, *args)
+        assert "`toolz.itertoolz.merge_sorted`" in template
         assert written_statement(writer, *args) == template  # quoted the fix: the template instead
         assert written_statement(writer, *args) == template  # the server failed: the template instead
-    assert "never write code that fixes it" in server.requests[0]["messages"][0]["content"]
+    prompt = server.requests[0]["messages"][0]["content"]
+    assert "never write code that fixes it" in prompt and "\ntoolz.itertoolz.merge_sorted\n" in prompt

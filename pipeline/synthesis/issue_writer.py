@@ -15,13 +15,13 @@ log = logging.getLogger(__name__)
 
 
 def written_statement(writer: Policy | None, repo: str, failing_tests: list[str], messages: dict[str, str],
-                      patch: str, seed: int) -> str:
-    """The issue text for a bug, never revealing the fix."""
-    fallback = problem_statement(repo, failing_tests, messages, seed=seed, patch=patch)
+                      patch: str, seed: int, subjects: list[str] = ()) -> str:
+    """The issue text for a bug, never revealing the fix; `subjects`: the package's names the tests exercise."""
+    fallback = problem_statement(repo, failing_tests, messages, seed=seed, patch=patch, subjects=subjects)
     if writer is None:
         return fallback
     prompt = Template(files("pipeline.synthesis").joinpath("prompts/issue.txt").read_text()).substitute(
-        repo=repo, tests="\n".join(failing_tests),
+        repo=repo, tests="\n".join(failing_tests), subjects="\n".join(subjects) or f"the package {repo} itself",
         messages="\n".join(f"{t}: {m[:500]}" for t, m in messages.items() if t in failing_tests) or "(none)")
     try:
         text = (writer.act([{"role": "user", "content": prompt}], [], seed=seed).message.get("content") or "").strip()

@@ -5,11 +5,15 @@ from __future__ import annotations
 import random
 import re
 import textwrap
+from collections.abc import Sequence
 
 MAX_MESSAGE_LINES = 6
 MAX_LINE_CHARS = 160
 MAX_LISTED_TESTS = 8
 MAX_QUOTED_ERRORS = 2
+TEMPLATES_VERSION = 2
+"""In the synthesized tasks' cache key (task_cache.py): tasks cached with older texts are made again.
+2: subjects found in the package's source, no longer guessed from the tests' names."""
 
 SUMMARY_LINE = re.compile(r"^(?:FAILED|ERROR) (?P<test>\S+?(?:\[.*?\])?)(?= - |$)(?: - (?P<message>.*))?$")
 SECTION_HEADER = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
@@ -71,27 +75,6 @@ def _patch_contents(patch: str) -> set[str]:
     return contents
 
 
-def _tested_name(test: str) -> tuple[str, str]:
-    """(module, function) a test id is about: 'tests/test_x.py::test_partition' -> ('x', 'partition')."""
-    parts = test.split("::")
-    module = parts[0].rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_").removesuffix("_test")
-    function = re.sub(r"\[.*$", "", parts[-1]).removeprefix("test_").removesuffix("_test")
-    return module, function.strip("_") or module
-
-
-def _subjects(repo: str, failing_tests: list[str]) -> list[str]:
-    """Dotted names a reporter would use for what the failing tests exercise, e.g. 'toolz.itertoolz.partition'."""
-    package = repo.rstrip("/").rsplit("/", 1)[-1].replace("-", "_")
-    names: list[str] = []
-    for test in failing_tests:
-        module, function = _tested_name(test)
-        name = f"{package}.{module}.{function}" if module and module != package else f"{package}.{function}"
-        if name not in names:
-            names.append(name)
-    # `partition_all` from test_partition_all is most likely a case of `partition` when that is tested too.
-    return [name for name in names if not any(name.startswith(other + "_") for other in names)]
-
-
 def _symptom(message: str) -> str:
     exception = EXCEPTION_NAME.search(message)
     if exception is None or exception["name"] == "AssertionError":
@@ -129,14 +112,16 @@ TEMPLATES = (
 
 
 def problem_statement(
-    repo: str, failing_tests: list[str], failure_messages: dict[str, str], *, seed: int, patch: str = ""
+    repo: str, failing_tests: list[str], failure_messages: dict[str, str], *, seed: int, patch: str = "",
+    subjects: Sequence[str] = ()
 ) -> str:
-    """An issue-like text from the failing tests and their errors; patch (the fix), if given, is never quoted."""
+    """An issue-like text from the failing tests and their errors; patch (the fix), if given, is never quoted.
+    `subjects`: the package's dotted names the tests exercise (subjects.py); without any, the package's name."""
     if not failing_tests:
         raise ValueError(f"problem_statement for {repo} needs at least one failing test (FAIL_TO_PASS is empty)")
     rng = random.Random(seed)
-    subjects = _subjects(repo, failing_tests)
-    names = [f"`{name}`" for name in subjects[:3]]
+    package = repo.rstrip("/").rsplit("/", 1)[-1]
+    names = [f"`{name}`" for name in list(subjects)[:3] or [package]]
     subject_text = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     errors = _quoted_errors(failing_tests, failure_messages, patch)
     first_message = next((failure_messages.get(t, "") for t in failing_tests if failure_messages.get(t)), "")

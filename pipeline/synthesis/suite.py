@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pipeline.sources.harness_specs import parser_registry
 from pipeline.synthesis.callmap import CallMap
 from pipeline.synthesis.packages import PackageError, PackageSpec, test_command
+from pipeline.synthesis.subjects import ApiIndex
 from sandbox.base import Sandbox
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ class Baseline:
     """Tests that passed on some pristine runs and not others."""
     callmap: CallMap | None = None
     """Which tests run which functions (None: unknown, every candidate runs the whole suite)."""
+    api: ApiIndex | None = None
+    """The package's functions and classes its tests exercise, named in problem statements (None: the package's
+    name only)."""
 
 
 def run_suite(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:

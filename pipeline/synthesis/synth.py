@@ -43,6 +43,7 @@ from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fet
 from pipeline.synthesis.patches import bug_patch, gold_patch
 from pipeline.synthesis.rewrite import rewrite_candidates
 from pipeline.synthesis.statements import failure_messages_from_log
+from pipeline.synthesis.subjects import api_index
 from pipeline.synthesis.suite import LOG_PARSER, Baseline, baseline, runnable, with_test_files
 from pipeline.synthesis.synth_config import SynthConfig, SynthReport
 from pipeline.synthesis.task_cache import cache_file, cached_tasks
@@ -58,7 +59,8 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
               parts: list[BugCandidate] = ()) -> Task:
     """The task of a bug that broke `f2p` on every run; `parts`: the bugs a combined one holds."""
     p2p, gold = sorted(base.passed - set(f2p)), gold_patch(cand)
-    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text), gold, config.seed)
+    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text), gold, config.seed,
+                                  base.api.subjects(f2p) if base.api else [])
     kinds = [p.kind for p in parts] or [cand.kind]
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
                   "kind": cand.kind, "lineno": cand.lineno, "candidate_id": cand.candidate_id,
@@ -98,7 +100,8 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
         with report.clock.stage("baseline", config.baseline_runs):
             base = baseline(sandboxes[0], spec, config)
         with report.clock.stage("callmap"):
-            base = dataclasses.replace(base, callmap=traced_run(sandboxes[0], spec, config.suite_timeout))
+            base = dataclasses.replace(base, callmap=traced_run(sandboxes[0], spec, config.suite_timeout),
+                                       api=api_index(root, spec.source_globs or ()))
         report.note(spec.key, "call_map_functions", len(base.callmap.by_site) if base.callmap else 0)
         report.note(spec.key, "tests_found", base.total)
         report.note(spec.key, "stable_passing", len(base.passed))

@@ -9,6 +9,7 @@ from pipeline.agent.policy import Policy
 from pipeline.records import Task
 from pipeline.store import read_rows
 from pipeline.synthesis.packages import PackageSpec
+from pipeline.synthesis.statements import TEMPLATES_VERSION
 from pipeline.synthesis.synth_config import SynthConfig
 from pipeline.verifier.grading import GRADER_VERSION
 
@@ -26,7 +27,7 @@ def cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, 
         more += ("reject_weak_tests",)
     key = repr((image, spec, config.candidates_per_package, config.max_fail_to_pass, config.max_per_function,
                 config.seed, config.min_pass_rate, config.slowdown, config.baseline_runs, config.validation_runs,
-                writer.name if writer else "templates", GRADER_VERSION) + more)
+                writer.name if writer else f"templates-{TEMPLATES_VERSION}", GRADER_VERSION) + more)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     return cache / "tasks" / f"{spec.key}-{digest}-{config.tasks_per_package}.parquet"
 
