@@ -18,6 +18,8 @@ from pipeline.synthesis.discover import PYTEST, discover
 from pipeline.synthesis.mutations import BugCandidate
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
 from pipeline.synthesis.packages import test_command as command_of
+from pipeline.sources.harness_specs import parser_registry
+from pipeline.synthesis.suite import LOG_PARSER
 from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, narrowed_task, try_candidate
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_task
 from pipeline.verifier.environment import LocalTaskSandboxes
@@ -235,6 +237,24 @@ def test_a_test_that_passes_on_some_runs_is_never_pass_to_pass(tmp_path):
     with LocalSandbox(flaky_repo(tmp_path / "again", tmp_path / "counter2"), timeout=120) as sandbox:
         once = baseline(sandbox, SPEC, SynthConfig(baseline_runs=1, min_pass_rate=0.6))
     assert "tests/test_calc.py::test_flaky" in once.passed  # one run cannot tell
+
+
+def test_an_id_the_log_parser_gives_two_tests_reads_failed_when_either_fails(tmp_path):
+    """The parser cuts each summary line at its first space (`test_name[Action Man]` and `[Action Figure]` are
+    both `test_name[Action`) and the last line of an id wins. `-rA` prints failures and errors after passes, so
+    such an id passes only when all its tests pass: a fix leaving one of them failing is never paid."""
+    tree(tmp_path / "calc", {"tests/test_names.py": (
+        "import pytest\n\n\n@pytest.mark.parametrize('name', ['Action Man', 'Action Figure', 'Solo Act'])\n"
+        "def test_name(name):\n    assert name != 'Action Man'\n")})
+    with LocalSandbox(flaky_repo(tmp_path / "calc", tmp_path / "counter"), timeout=120) as sandbox:
+        base = baseline(sandbox, SPEC, SynthConfig(baseline_runs=3, min_pass_rate=0.6))
+        log = sandbox.run(SPEC.test_command).output
+    collapsed = "tests/test_names.py::test_name[Action"
+    assert "PASSED tests/test_names.py::test_name[Action Figure]" in log
+    assert "FAILED tests/test_names.py::test_name[Action Man]" in log
+    assert log.index("FAILED tests/test_names.py::test_name[Action Man]") > log.index("PASSED tests/")
+    assert parser_registry()[LOG_PARSER](log, None)[collapsed] == "FAILED"
+    assert collapsed not in base.passed and "tests/test_names.py::test_name[Solo" in base.passed
 
 
 def candidate(original: str, mutated: str) -> BugCandidate:
