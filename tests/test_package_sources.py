@@ -146,6 +146,23 @@ test = ["demo-pkg[tests-mypy]", "freezegun"]
     assert {"extra 'tests'", "dependency group 'test'"} <= set(found.found)
 
 
+def test_plugins_of_the_marks_the_tests_use_are_installed_even_where_they_are_tooling(tmp_path):
+    # python-dateutil's layout: pytest-cov's `no_cover` added by a conftest under `filterwarnings = error`
+    root = tree(tmp_path, {
+        "pyproject.toml": "[tool.pytest.ini_options]\nfilterwarnings = ['error']\n"
+                          "markers = ['benchmark: our own, not the plugin']\n",
+        "dateish/__init__.py": "",
+        "tests/conftest.py": "import pytest\n\ndef pytest_configure(config):\n"
+                             "    config.addinivalue_line('markers', 'order: ours too')\n\n"
+                             "def pytest_collection_modifyitems(items):\n    for item in items:\n"
+                             "        item.add_marker(pytest.mark.no_cover)\n",
+        "tests/test_a.py": "import pytest\n\n@pytest.mark.benchmark\n@pytest.mark.order(1)\n"
+                           "@pytest.mark.xdist_group('g')\ndef test_a():\n    pass\n"})
+    found = discover(root, "dateish")
+    assert found.test_requirements == (PYTEST, "pytest-cov", "pytest-xdist")  # not the marks registered
+    assert "plugins of the marks the tests use: pytest-cov, pytest-xdist" in found.found
+
+
 def test_top_level_test_module_and_single_module_package(tmp_path):
     root = tree(tmp_path, {"six.py": "", "test_six.py": "import six\n", "setup.py": "", "documentation/x.txt": ""})
     found = discover(root, "six")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.synthesis.config_files import config_lines, merge_requirements, read_ini, read_toml, requirement_name
+from pipeline.synthesis.marks import marked_plugins
 from pipeline.synthesis.pyparse import parse_python
 
 PYTEST = "pytest>=8,<9"
@@ -88,6 +89,11 @@ def discover(root: Path, name: str) -> Discovered:
     plugins += ini.get("required_plugins", "").split()
     guessed = _imported_requirements(root, paths, name)
     requirements = [PYTEST, *(r for r in merge_requirements(plugins, declared) if requirement_name(r) != "pytest")]
+    marked = [m for m in marked_plugins(_test_files(root, paths), ini.get("markers", ""))
+              if m not in {requirement_name(r) for r in requirements}]  # tooling or not: the marks need them
+    if marked:
+        found.append(f"plugins of the marks the tests use: {', '.join(marked)}")
+    requirements += marked
     have = {requirement_name(r) for r in requirements} | {"pytest"}
     guessed = [g for g in merge_requirements(guessed) if not any(h == requirement_name(g) or h.startswith(requirement_name(g) + "-") for h in have)]
     if guessed:
@@ -259,10 +265,14 @@ def _addopts(ini: dict[str, str], found: list[str]) -> tuple[list[str], list[str
     return ["-o", f"addopts={shlex.join(kept)}"], plugins
 
 
+def _test_files(root: Path, paths: list[str]) -> list[Path]:
+    files = [f for p in paths for f in ([root / p] if (root / p).is_file() else (root / p).rglob("*.py"))]
+    return files + list(root.glob("conftest.py"))
+
+
 def _imported_requirements(root: Path, paths: list[str], name: str) -> list[str]:
     """Distributions the test files import at module level outside try blocks, not stdlib nor local."""
-    files = [f for p in paths for f in ([root / p] if (root / p).is_file() else (root / p).rglob("*.py"))]
-    files += list(root.glob("conftest.py"))
+    files = _test_files(root, paths)
     local = {p.stem for p in root.rglob("*.py")} | {p.name for p in root.rglob("*") if p.is_dir()}
     local |= {re.sub(r"[-.]", "_", name.lower())}
     modules: set[str] = set()
