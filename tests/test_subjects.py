@@ -21,13 +21,14 @@ PACKAGE = {
                           "class MinIDMap:\n    pass\ndef strip(x):\n    pass\ndef _hidden():\n    pass\n",
     "src/shapes/render.py": "def render(table):\n    pass\nclass Table:\n    pass\n",
     "src/shapes/broken.py": "def oops(:\n",
+    "src/shapes/tests/test_helpers.py": "def render_all(x):\n    pass\n",
     "tests/test_grid.py": (
         "import json\nimport pytest\nfrom shapes import render as r\nfrom shapes.render import Table\n"
         "def test_partition_all():\n    pass\n"
         "def test_min_id_map_weakref():\n    pass\n"
         "def test_pipe_headerless():\n    assert r.render([]) == ''\n"
         "def test_methods_of_anything():\n    ' x '.strip()\n    json.dumps({})\n"
-        "def test_handed_over():\n    check(Table)\n"
+        "def test_handed_over():\n    render_all(1)\n    check(Table)\n"
         "class TestVersionInfo:\n    @pytest.mark.parametrize('x', [1])\n    def test_from_string(self, x):\n"
         "        pass\n"),
 }

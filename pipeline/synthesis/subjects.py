@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.synthesis.pyparse import parse_python
 
+TEST_PARTS = {"tests", "test", "testing", "conftest"}
 MIN_NAME = 3  # a shorter prefix of a test's name ("get", "map") names too much
 
 
@@ -70,8 +71,8 @@ def api_index(root: Path, source_globs: Iterable[str]) -> ApiIndex:
         parts = parts[1:] if parts[0] == "src" and len(parts) > 1 else parts
         is_init = parts[-1] == "__init__"
         module = ".".join(parts[:-1] if is_init else parts)
-        if not module:
-            continue
+        if not module or any(p in TEST_PARTS or p.startswith("test_") for p in parts):
+            continue  # a package's own tests (toolz/tests/) and their helpers are nothing a user imports
         try:
             tree = parse_python(path.read_text(errors="replace"))
         except (SyntaxError, ValueError):
