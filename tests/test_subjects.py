@@ -17,7 +17,7 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 PACKAGE = {
     "src/shapes/__init__.py": "from ._version import VersionInfo\nfrom .grid import *\nfrom json import dumps\n",
     "src/shapes/_version.py": "class VersionInfo:\n    pass\n",
-    "src/shapes/grid.py": "def partition(x):\n    pass\ndef partition_all(x):\n    pass\n"
+    "src/shapes/grid.py": "__all__ = ['partition', 'partition_all', 'MinIDMap']\ndef partition(x):\n    pass\ndef partition_all(x):\n    pass\n"
                           "class MinIDMap:\n    pass\ndef strip(x):\n    pass\ndef _hidden():\n    pass\n",
     "src/shapes/render.py": "def render(table):\n    pass\nclass Table:\n    pass\n",
     "src/shapes/broken.py": "def oops(:\n",
@@ -37,8 +37,9 @@ PACKAGE = {
 def test_subjects_are_the_packages_own_names_at_the_path_users_import_them_from(tmp_path):
     index = api_index(tree(tmp_path, PACKAGE), ["src/shapes/**/*.py"])
     subject = index.subject
-    assert subject("tests/test_grid.py::test_partition_all") == "shapes.grid.partition_all"
-    assert subject("tests/test_grid.py::test_min_id_map_weakref") == "shapes.grid.MinIDMap"  # camel case, shortened
+    assert subject("tests/test_grid.py::test_partition_all") == "shapes.partition_all"  # `from .grid import *`
+    assert subject("tests/test_grid.py::test_min_id_map_weakref") == "shapes.MinIDMap"  # camel case, shortened
+    assert index.names["strip"] == "shapes.grid.strip"  # not in grid's __all__: not star-imported
     assert subject("tests/test_grid.py::TestVersionInfo::test_from_string[1]") == "shapes.VersionInfo"  # exported
     assert subject("tests/test_grid.py::test_pipe_headerless") == "shapes.render.render"  # what its body calls
     assert subject("tests/test_grid.py::test_handed_over") == "shapes.render.Table"  # a class it hands over

@@ -20,6 +20,9 @@ from pipeline.synthesis.marks import marked_plugins
 from pipeline.synthesis.pyparse import parse_python
 
 PYTEST = "pytest>=8,<9"
+DISCOVERY_VERSION = 2
+"""In the key of a resolved spec's cache (packages.py `resolve`): specs found by older rules are found again.
+2: a package's own extras expanded, and the plugins of the marks its tests use."""
 TEST_EXTRAS = ("test", "tests", "testing")
 FALLBACK_EXTRAS = ("dev",)  # only when no test extra exists: dev extras carry linters and docs too
 TEST_DIRS = ("tests", "test", "testing")

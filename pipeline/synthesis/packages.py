@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.synthesis.backend import BackendError, editable_requirements, installed_backend, run_pip
-from pipeline.synthesis.discover import PYTEST, discover
+from pipeline.synthesis.discover import DISCOVERY_VERSION, PYTEST, discover
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def resolve(spec: PackageSpec, cache: Path) -> PackageSpec:
     if None not in (spec.test_paths, spec.source_globs, spec.test_requirements, spec.pytest_args,
                     spec.build_requirements):
         return spec
-    key = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    key = hashlib.sha256(repr((spec, DISCOVERY_VERSION)).encode()).hexdigest()[:12]
     saved = cache / "specs" / f"{spec.key}-{key}.json"
     if saved.exists():
         return _from_json(json.loads(saved.read_text()))

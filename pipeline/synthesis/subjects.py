@@ -65,7 +65,9 @@ class ApiIndex:
 def api_index(root: Path, source_globs: Iterable[str]) -> ApiIndex:
     """The index of the package unpacked at `root`, whose sources `source_globs` match."""
     defined: list[tuple[bool, int, str, str]] = []  # (in a private module, depth, module, name)
-    exported: dict[str, str] = {}  # name -> the shallowest package whose __init__ imports it
+    exported: dict[str, str] = {}  # name -> the shallowest package whose __init__ imports it by name
+    starred: dict[str, str] = {}  # module -> the shallowest package whose __init__ imports * from it
+    listed: dict[str, set[str]] = {}  # module -> its __all__, where it lists one
     for path in sorted({p for glob in source_globs for p in root.glob(glob) if p.suffix == ".py" and p.is_file()}):
         parts = list(path.relative_to(root).with_suffix("").parts)
         parts = parts[1:] if parts[0] == "src" and len(parts) > 1 else parts
@@ -81,17 +83,32 @@ def api_index(root: Path, source_globs: Iterable[str]) -> ApiIndex:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
                     not node.name.startswith("_"):
                 defined.append((any(p.startswith("_") for p in parts), module.count("."), module, node.name))
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+                try:
+                    listed[module] = set(ast.literal_eval(node.value))
+                except (ValueError, TypeError, SyntaxError):
+                    pass  # computed: every public name counts
             elif is_init and isinstance(node, ast.ImportFrom):
                 for alias in node.names:
-                    if alias.name != "*" and alias.asname in (None, alias.name) and \
-                            exported.get(alias.name, module + ".x").count(".") > module.count("."):
-                        exported[alias.name] = module
+                    key, table = (_absolute(module, node), starred) if alias.name == "*" else (alias.name, exported)
+                    if key and alias.asname in (None, alias.name) and \
+                            table.get(key, module + ".x").count(".") > module.count("."):
+                        table[key] = module
     names: dict[str, str] = {}
     modules = {module for _, _, module, _ in defined}
     for _, depth, module, name in sorted(defined):
-        where = exported.get(name, module)
+        star = starred.get(module) if name in listed.get(module, {name}) else None
+        where = min((w for w in (exported.get(name), star) if w), key=lambda w: w.count("."), default=module)
         names.setdefault(_key(name), f"{where if where.count('.') < depth else module}.{name}")
     return ApiIndex(root, names, frozenset(modules))
+
+
+def _absolute(package: str, node: ast.ImportFrom) -> str:
+    """The module `from <node.module> import *` in `package`'s __init__ reads from."""
+    if not node.level:
+        return node.module or ""
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
 
 
 def _referenced(file: Path, scopes: tuple[str, ...], modules: frozenset[str]) -> list[str]:
