@@ -25,7 +25,7 @@ def reap_orphans(progress: Callable[[str], None] = log.info) -> list[str]:
         client = docker.from_env(timeout=REAP_TIMEOUT)
         removed = reap(client)
         client.close()
-    except (docker.errors.DockerException, OSError) as exc:  # no engine, or another run removed one first
+    except (docker.errors.DockerException, OSError) as exc:  # no engine
         log.info("reaped no orphaned sandboxes: %s", exc)
         return []
     if removed:
@@ -37,13 +37,18 @@ def reap(client: docker.DockerClient | None = None, max_age: float | None = None
     """Remove handhold containers whose process on this host is gone (or older than max_age s)."""
     client = client or docker_client()
     host, removed = socket.gethostname(), []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=sandbox"}):
-        labels = container.labels
+    # sparse: the list's own labels, no inspect per container, which failed the whole pass when another run
+    # removed a container between the list and its inspect
+    for container in client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL}=sandbox"}):
+        labels = container.attrs.get("Labels") or {}
         pid, started = int(labels.get(f"{LABEL}.pid", "0")), int(labels.get(f"{LABEL}.started", "0"))
         orphan = labels.get(f"{LABEL}.host") == host and not _alive(pid)
         expired = max_age is not None and time.time() - started > max_age
         if orphan or expired:
-            container.remove(force=True)
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                continue  # another run's reaper, or its own sandbox closing, removed it first
             removed.append(container.short_id)
     return removed
 

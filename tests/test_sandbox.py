@@ -331,6 +331,26 @@ def test_reaper_removes_orphans(base_image, docker_client):
         assert live.run("echo still here").output.strip() == "still here"
 
 
+@pytest.mark.docker
+def test_a_container_another_run_removes_first_does_not_stop_the_reaper(base_image, docker_client, monkeypatch):
+    labels = {LABEL: "sandbox", f"{LABEL}.pid": "999999999", f"{LABEL}.host": __import__("socket").gethostname(),
+              f"{LABEL}.started": "0"}
+    orphans = [docker_client.containers.run(base_image, ["sleep", "infinity"], detach=True, labels=labels)
+               for _ in range(2)]
+    listed = docker_client.api.containers
+
+    def list_then_lose_one(*args, **kwargs):  # another run's reaper removes the first orphan right after the list
+        found = listed(*args, **kwargs)
+        docker_client.api.remove_container(orphans[0].id, force=True)
+        return found
+
+    monkeypatch.setattr(docker_client.api, "containers", list_then_lose_one)
+    removed = reap(docker_client)
+    assert orphans[1].short_id in removed
+    monkeypatch.undo()
+    assert not docker_client.containers.list(all=True, filters={"id": orphans[1].id})
+
+
 def test_output_of_a_background_process_stays_out_of_later_results(sandbox):
     started = sandbox.run("(sleep 0.3; for i in 1 2 3 4 5 6 7 8; do echo LATE$i; sleep 0.25; done) & echo started")
     assert started.output == "started\n"
