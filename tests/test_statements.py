@@ -209,3 +209,11 @@ def test_long_test_lists_and_messages_are_trimmed():
 def test_no_failing_tests_is_refused():
     with pytest.raises(ValueError, match="at least one failing test"):
         problem_statement("acme/core", [], {}, seed=0)
+
+
+def test_each_synthesized_task_draws_its_own_template(tmp_path):
+    from tests.test_splits import synth_tasks
+
+    tasks = synth_tasks(tmp_path)
+    openings = {task.problem_statement.split("\n")[0].split("`")[0] for task in tasks}  # "Bug: ", "Regression in "
+    assert len(tasks) >= 6 and len(openings) >= 2, openings

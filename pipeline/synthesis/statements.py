@@ -13,7 +13,7 @@ MAX_LISTED_TESTS = 8
 MAX_QUOTED_ERRORS = 2
 TEMPLATES_VERSION = 2
 """In the synthesized tasks' cache key (task_cache.py): tasks cached with older texts are made again.
-2: subjects found in the package's source, no longer guessed from the tests' names."""
+2: subjects found in the package's source, no longer guessed from the tests' names; a seed per task."""
 
 SUMMARY_LINE = re.compile(r"^(?:FAILED|ERROR) (?P<test>\S+?(?:\[.*?\])?)(?= - |$)(?: - (?P<message>.*))?$")
 SECTION_HEADER = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")

@@ -22,6 +22,7 @@ import json
 import logging
 import threading
 import time
+import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,7 +60,8 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
               parts: list[BugCandidate] = ()) -> Task:
     """The task of a bug that broke `f2p` on every run; `parts`: the bugs a combined one holds."""
     p2p, gold = sorted(base.passed - set(f2p)), gold_patch(cand)
-    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text), gold, config.seed,
+    seed = zlib.crc32(f"{config.seed}:{cand.candidate_id}".encode())  # each task its own template and wording
+    statement = written_statement(writer, spec.name, f2p, failure_messages_from_log(text), gold, seed,
                                   base.api.subjects(f2p) if base.api else [])
     kinds = [p.kind for p in parts] or [cand.kind]
     provenance = {"package": spec.name, "version": spec.version, "file": cand.file, "function": cand.function,
