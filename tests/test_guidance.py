@@ -113,7 +113,8 @@ def test_llm_teachers_over_http(protocol, toolz_task, synth_run, monkeypatch, tm
         with pytest.raises(TeacherError, match="hindsight"):
             teacher.hindsight(toolz_task, [failed])
     sent = [json.dumps(r) for r in server.requests]
-    assert "Never write the code of the fix" in sent[0] and toolz_task.problem_statement[:40] in sent[0]
+    statement_start = json.dumps(toolz_task.problem_statement[:40])[1:-1]  # as the request body encodes it
+    assert "Never write the code of the fix" in sent[0] and statement_start in sent[0]
     assert "Every attempt failed" in sent[2] and "### Attempt 2" in sent[2] and "### Attempt 3" not in sent[2]
     assert "The reference fix" in sent[2]  # the teacher sees the gold patch; the hint must not quote it
 
