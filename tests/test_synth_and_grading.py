@@ -137,11 +137,26 @@ def test_task_parquet_round_trip(synth_run, tmp_path):
 def test_gold_resolves_and_empty_does_not(toolz_task):
     gold = grade(toolz_task, toolz_task.patch)
     assert gold.resolved and gold.reason == "resolved" and gold.fault == "none"
+    assert 0 < gold.test_seconds < gold.duration  # the test command's own time, timed in the sandbox
     empty = grade(toolz_task, "")
     assert not empty.resolved and empty.fault == "patch" and empty.reason == "tests_failed"
     failed = json.loads(empty.report)["FAIL_TO_PASS"]["failure"]
     assert set(failed) == set(toolz_task.FAIL_TO_PASS)
 
+
+
+@pytest.mark.parametrize("clock", ["bash", "date"])
+def test_the_test_command_is_timed_in_microseconds_with_or_without_bash_s_clock(clock):
+    """The grading script times the tests by bash's EPOCHREALTIME (no process), or by `date` where bash is older
+    than 5.0 (some SWE-bench images): both give the time in microseconds."""
+    import subprocess
+
+    from pipeline.verifier.steps import _now_us
+
+    script = ("unset EPOCHREALTIME; " if clock == "date" else "") + _now_us("now") + '; echo "$now"'
+    before = time.time()
+    now = int(subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert before * 1e6 - 1e6 < now < time.time() * 1e6 + 1e6
 
 # An agent's edit of one line, same length, the file's modification time then set back
 KEPT_TIME_EDIT = """import os, sys

@@ -107,13 +107,18 @@ cat {private}/ignored >> {private}/protect
 while IFS= read -r -d '' f; do
   if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\\0' "$f" >> {private}/existing; fi
 done < {private}/protect
-tar -cf {private}/backup.tar --null -T {private}/existing || exit 1
+if [ -s {private}/existing ]; then tar -cf {private}/backup.tar --null -T {private}/existing || exit 1; fi
 {GIT} apply --whitespace=nowarn {private}/candidate.patch || {{ echo refused > {private}/refused; exit 0; }}
 while IFS= read -r -d '' f; do
   rm -f -- "$f"; d=$(dirname -- "$f"); [ "$d" = . ] || rmdir -p --ignore-fail-on-non-empty -- "$d" 2>/dev/null
 done < {private}/protect
-tar -xpf {private}/backup.tar || exit 1
+if [ -s {private}/existing ]; then tar -xpf {private}/backup.tar || exit 1; fi
 """
+
+
+def _now_us(var: str) -> str:
+    """Shell setting `var` to the time in microseconds: bash's own clock (5.0 and later, no process), else `date`."""
+    return f"t=${{EPOCHREALTIME/[.,]/}}; {var}=${{t:-$(( $(date +%s%N) / 1000 ))}}"
 
 
 def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], timeout: float,
@@ -133,8 +138,8 @@ def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], 
 for f in {files}; do {GIT} cat-file -e {base}:"$f" 2>/dev/null && {GIT} checkout -q {base} -- "$f"; done
 {test_patch}
 {f"find . {NOT_THE_USERS.format(uid=uid)} -exec chown -h {uid}:{gid} -- {{}} +" if uid else ""}
-idx=$(mktemp -u)
-{{ cp -p "$({GIT} rev-parse --git-path index)" $idx 2>/dev/null || GIT_INDEX_FILE=$idx {GIT} read-tree {base}; }} \
+idx={private}/index.copy; own=.git/index; [ -d .git ] || own=$({GIT} rev-parse --git-path index)
+{{ cp -p "$own" $idx 2>/dev/null || GIT_INDEX_FILE=$idx {GIT} read-tree {base}; }} \
   && GIT_INDEX_FILE=$idx {GIT} {TRUST_STAT} add -A . >/dev/null 2>&1
 GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch; rm -f $idx
 mkdir -m 0700 {report_dir} && {f"chown {uid}:{gid} {report_dir}" if uid else "true"}
@@ -142,11 +147,11 @@ unset PYTEST_PLUGINS
 {"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
 export HANDHOLD_GUARD_FDS={shlex.quote(GUARD_FDS)} PYTHONPATH={guard_dir(sandbox)}${{PYTHONPATH:+:$PYTHONPATH}}
 : > {private}/guard.log
-start=$(date +%s%N)
+{_now_us('start')}
 timeout -k 5 {max(int(timeout), 1)} {drop} bash -c {shlex.quote(task.test_cmd)} < /dev/null 7< <(cat {private}/guard.key) 8>> {private}/guard.log 2>&1 | head -c {LOG_CAP} > {private}/log
 rc=${{PIPESTATUS[0]}}
 {f"pkill -KILL -U {uid}; pkill -KILL -U {uid}" if uid else "true"}
-echo "$rc $(( ($(date +%s%N) - start) / 1000000 ))" > {private}/rc
+{_now_us('end')}; echo "$rc $(( (end - start) / 1000 ))" > {private}/rc
 f={report_dir}/junit.xml
 [ -f "$f" ] && [ ! -L "$f" ] && head -c {LOG_CAP} "$f" > {private}/junit.xml
 rm -rf {report_dir}
