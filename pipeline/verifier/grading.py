@@ -50,6 +50,7 @@ GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an ol
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
 _PROBED: dict[tuple[str, str], tuple[list[str], frozenset[str]]] = {}  # (image, python) -> probe, per process
+_TOPS: dict[tuple[str, str, str], set[str]] = {}  # (image, base, work tree) -> a fresh tree's top-level names
 
 
 @dataclass(frozen=True)
@@ -152,28 +153,34 @@ def _list(sandbox: Sandbox, task: Task, patch: str, private: str, restore: bool)
 
 def _list_in_session(sandbox: Sandbox, task: Task, patch: str):
     """Round trip 1 in a fresh sandbox, once its image is probed: git reads the patch as the sandbox user, in the
-    session (nothing but `prepare` ran there, and nothing here needs root: the sandbox user reads it).
+    session (nothing but `prepare` ran there, and nothing here needs root: the sandbox user reads it). The tree's
+    top-level tracked names are read once per image, base and work tree in a process (a fresh tree's are the same).
     (numstat, top-level tracked names), "refused", or None when the answer failed or did not fit the session's
     output (the caller then reads the patch as root)."""
     if not patch.strip():
         return b"", set()
+    key = (sandbox.environment, sandbox.base_commit or "", sandbox.workdir)
+    tops = _TOPS.get(key) if key[0] else None
     candidate = f"{sandbox.scratch}/grade-{secrets.token_hex(6)}.patch"
     sandbox.write_file(candidate, patch)
-    done = sandbox.run(
-        f"set -o pipefail; cd {shlex.quote(sandbox.workdir)} && {GIT} ls-files -z | cut -z -d/ -f1 | sort -zu | "
-        f"base64 -w0 && echo && if {GIT} apply --check {candidate} >/dev/null 2>&1; then "
-        f"{GIT} apply --numstat -z {candidate} | base64 -w0; else echo refused; fi; rc=$?; rm -f {candidate}; "
-        "exit $rc", timeout=300)
+    listing = "" if tops is not None else f"{GIT} ls-files -z | cut -z -d/ -f1 | sort -zu | base64 -w0 && echo && "
+    done = sandbox.run(  # --check with --numstat: the paths only where the patch applies, else a failure
+        f"set -o pipefail; cd {shlex.quote(sandbox.workdir)} && {listing}if numstat=$({GIT} apply --check "
+        f"--numstat -z {candidate} 2>/dev/null | base64 -w0); then echo \"$numstat\"; else echo refused; fi; rc=$?; "
+        f"rm -f {candidate}; exit $rc", timeout=300)
     lines = done.output.rstrip("\n").split("\n")
-    if done.exit_code != 0 or done.cut_bytes or len(lines) != 2:
+    if done.exit_code != 0 or done.cut_bytes or len(lines) != (1 if tops is not None else 2):
         if not done.cut_bytes:
             log.warning("task %s: git's reading of the patch failed in the session (exit %s): %s; reading it as "
                         "root instead", task.instance_id, done.exit_code, done.output[-500:])
         return None
-    if lines[1] == "refused":
+    if tops is None:
+        tops = {t for t in base64.b64decode(lines[0]).decode("utf-8", "surrogateescape").split("\0") if t}
+        if key[0]:
+            _TOPS[key] = tops
+    if lines[-1] == "refused":
         return "refused"
-    tops = base64.b64decode(lines[0]).decode("utf-8", "surrogateescape").split("\0")
-    return base64.b64decode(lines[1]), {t for t in tops if t}
+    return base64.b64decode(lines[-1]), tops
 
 
 def _reasons(task: Task, numstat: bytes, tops: set[str], installed: frozenset[str]) -> dict[str, str]:
