@@ -144,7 +144,6 @@ def test_gold_resolves_and_empty_does_not(toolz_task):
     assert set(failed) == set(toolz_task.FAIL_TO_PASS)
 
 
-
 @pytest.mark.parametrize("clock", ["bash", "date"])
 def test_the_test_command_is_timed_in_microseconds_with_or_without_bash_s_clock(clock):
     """The grading script times the tests by bash's EPOCHREALTIME (no process), or by `date` where bash is older
@@ -157,6 +156,7 @@ def test_the_test_command_is_timed_in_microseconds_with_or_without_bash_s_clock(
     before = time.time()
     now = int(subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout)
     assert before * 1e6 - 1e6 < now < time.time() * 1e6 + 1e6
+
 
 # An agent's edit of one line, same length, the file's modification time then set back
 KEPT_TIME_EDIT = """import os, sys
