@@ -260,7 +260,16 @@ class DockerSandbox:
 
     # -- work tree -----------------------------------------------------------------------
     def diff(self) -> str:
-        return self._checked(diff_command(self.workdir, self.base_commit), "git diff")
+        trusted = TRUSTED_INDEX if self._trusted == (self.workdir, self.base_commit) else None
+        return self._checked(diff_command(self.workdir, self.base_commit, trusted), "git diff")
+
+    def keep_index(self) -> None:
+        """Keep the index of a tree nothing ran in since it was made (a task's sandbox, just prepared) where the
+        sandbox user cannot write, when it holds exactly the base tree: diffs and resets start from its stat data
+        (sandbox/worktree.py). Nothing is kept where commands run as root, or when the command fails."""
+        if self.run_as and self.base_commit and self.run_privileged(
+                keep_index_command(self.workdir, TRUSTED_INDEX, self.run_as, self.base_commit), 60).exit_code == 0:
+            self._trusted = (self.workdir, self.base_commit)
 
     def reset(self) -> None:
         """The work tree back to base: the first reset compares every file and, where commands run as a user

@@ -92,3 +92,24 @@ def test_junit_cross_check():
         "pkg/tests/test_a.py::test_gone: missing in the JUnit report"]
     assert junit_disagreements(None, ok) == ["no JUnit report: the test run ended before pytest wrote it"]
     assert junit_disagreements(b"<oops", ok)[0].startswith("the JUnit report does not parse")
+
+
+def test_test_files_go_back_to_base_in_one_checkout_or_one_by_one(tmp_path):
+    """Edited test files are put back as the base holds them; a name the base lacks (a file the task's test patch
+    adds) leaves the others to be put back one by one, and the file stays as it is."""
+    import subprocess
+
+    from pipeline.verifier.steps import restore_tests_command
+
+    def sh(command: str) -> str:
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, capture_output=True,
+                              text=True).stdout
+
+    sh("git init -q && mkdir tests && echo a > tests/test_a.py && echo b > tests/test_b.py && git add -A "
+       "&& git -c user.name=t -c user.email=t@t commit -qm base")
+    for files in [("tests/test_a.py", "tests/test_b.py"), ("tests/test_a.py", "tests/test_new.py", "tests/test_b.py")]:
+        sh("echo A > tests/test_a.py && git add tests/test_a.py && echo B > tests/test_b.py && echo N > tests/test_new.py")
+        sh(restore_tests_command(files, "HEAD"))
+        assert [(tmp_path / f"tests/test_{n}.py").read_text() for n in ("a", "b", "new")] == ["a\n", "b\n", "N\n"]
+        assert sh("git status --porcelain") == "?? tests/test_new.py\n", files  # the index too
+    assert restore_tests_command((), "HEAD") == ""

@@ -165,6 +165,31 @@ def test_later_resets_start_from_an_index_the_agent_cannot_write(sandbox):
         assert kept.output.split() == ["readable", "refused", "refused"], kept.output
 
 
+@pytest.mark.docker
+def test_a_fresh_trees_index_is_kept_for_the_diff_only_when_it_holds_the_base(base_image):
+    """A fresh sandbox keeps its tree's index out of the agent's reach when the index holds exactly the base tree:
+    the diff then starts from its stat data, and still sees a same-size edit whose mtime is put back, a second
+    later, under a config telling git to trust size and mtime alone. An index that holds more than the base
+    is not kept."""
+    with DockerSandbox(base_image, workdir="/home/agent") as sb:
+        make_repo(sb)
+        sb.run("printf 'x = 9\\n' > pkg/m.py && git add pkg/m.py && printf 'x = 1\\n' > pkg/m.py")
+        sb.keep_index()
+        kept = "test -e /run/handhold-index/index && echo kept || echo none"
+        assert sb.run_privileged(kept, 30).output.split() == ["none"]
+        assert sb.diff() == ""
+        sb.run("git reset -q && sleep 1.1")
+        sb.keep_index()
+        assert sb.run_privileged(kept, 30).output.split() == ["kept"]
+        sb.run("git config core.trustctime false && git config core.checkStat minimal && git config core.ignoreStat "
+               "true && touch -r f.txt /tmp/hh-ref && printf 'a\\nB\\n' > f.txt && touch -r /tmp/hh-ref f.txt "
+               "&& git update-index --assume-unchanged f.txt && rm .git/index && touch new.py")
+        patch = sb.diff()
+        assert "-b\n+B" in patch and "diff --git a/new.py b/new.py" in patch and "pkg/m.py" not in patch, patch
+        sb.reset()
+        assert sb.read_file("f.txt") == b"a\nb\n" and sb.diff() == ""
+
+
 def test_diff_and_reset_run_no_program_the_agent_configured(sandbox):
     """An fsmonitor the agent sets in .git/config runs as git reads the tree, and may answer that nothing
     changed: the diff and the reset never ask it."""

@@ -123,6 +123,7 @@ def task_sandbox(task: Task, config: SandboxSpec | None = None) -> Iterator[Dock
             _check_head(sandbox, task)
         else:
             prepare(sandbox, task)
+        sandbox.keep_index()  # the agent's diff starts from it: git hashes only what the agent changed
         sandbox.run(f"cd {shlex.quote(task.workdir)}")
         yield sandbox
 

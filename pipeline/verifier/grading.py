@@ -44,6 +44,7 @@ from pipeline.verifier.junit import guard_disagreements, junit_disagreements
 from pipeline.verifier.steps import GIT, GUARD, apply_script, guard_dir, list_script, private_dirs, test_script
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
 from sandbox.privileged import exchange
+from sandbox.session_files import WRITE_CHUNK
 
 log = logging.getLogger(__name__)
 GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an older grader are validated again
@@ -153,21 +154,22 @@ def _list(sandbox: Sandbox, task: Task, patch: str, private: str, restore: bool)
 
 def _list_in_session(sandbox: Sandbox, task: Task, patch: str):
     """Round trip 1 in a fresh sandbox, once its image is probed: git reads the patch as the sandbox user, in the
-    session (nothing but `prepare` ran there, and nothing here needs root: the sandbox user reads it). The tree's
-    top-level tracked names are read once per image, base and work tree in a process (a fresh tree's are the same).
-    (numstat, top-level tracked names), "refused", or None when the answer failed or did not fit the session's
-    output (the caller then reads the patch as root)."""
+    session (nothing but `prepare` ran there, and nothing here needs root: the sandbox user reads it), from the
+    command itself. The tree's top-level tracked names are read once per image, base and work tree in a process (a
+    fresh tree's are the same). (numstat, top-level tracked names), "refused", or None when the patch is too big
+    for one command, or the answer failed or did not fit the session's output (the caller then reads it as root)."""
     if not patch.strip():
         return b"", set()
+    data = patch.encode()
+    if len(data) > WRITE_CHUNK:
+        return None
     key = (sandbox.environment, sandbox.base_commit or "", sandbox.workdir)
     tops = _TOPS.get(key) if key[0] else None
-    candidate = f"{sandbox.scratch}/grade-{secrets.token_hex(6)}.patch"
-    sandbox.write_file(candidate, patch)
     listing = "" if tops is not None else f"{GIT} ls-files -z | cut -z -d/ -f1 | sort -zu | base64 -w0 && echo && "
     done = sandbox.run(  # --check with --numstat: the paths only where the patch applies, else a failure
-        f"set -o pipefail; cd {shlex.quote(sandbox.workdir)} && {listing}if numstat=$({GIT} apply --check "
-        f"--numstat -z {candidate} 2>/dev/null | base64 -w0); then echo \"$numstat\"; else echo refused; fi; rc=$?; "
-        f"rm -f {candidate}; exit $rc", timeout=300)
+        f"set -o pipefail; cd {shlex.quote(sandbox.workdir)} && {listing}if numstat=$(builtin printf %s "
+        f"'{base64.b64encode(data).decode()}' | base64 -d | {GIT} apply --check --numstat -z - 2>/dev/null | "
+        "base64 -w0); then echo \"$numstat\"; else echo refused; fi", timeout=300)
     lines = done.output.rstrip("\n").split("\n")
     if done.exit_code != 0 or done.cut_bytes or len(lines) != (1 if tops is not None else 2):
         if not done.cut_bytes:

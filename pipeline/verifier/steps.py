@@ -121,11 +121,20 @@ def _now_us(var: str) -> str:
     return f"t=${{EPOCHREALTIME/[.,]/}}; {var}=${{t:-$(( $(date +%s%N) / 1000 ))}}"
 
 
+def restore_tests_command(files: tuple[str, ...], base: str) -> str:
+    """Shell putting the test files that `base` (quoted) holds back as they are there, index and tree: one checkout
+    of all, else (git refuses them all when one is not at base, as a file the test patch adds) one by one."""
+    if not files:
+        return ""
+    quoted = " ".join(shlex.quote(f) for f in files)
+    one_by_one = f"{GIT} cat-file -e {base}:\"$f\" 2>/dev/null && {GIT} checkout -q {base} -- \"$f\""
+    return f"{GIT} checkout -q {base} -- {quoted} 2>/dev/null || for f in {quoted}; do {one_by_one}; done"
+
+
 def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], timeout: float,
                 pytest_run: bool) -> str:
     """Restore the tests, record the tree they see, run them as the sandbox user; root keeps what they did."""
     base = shlex.quote(sandbox.base_commit or "HEAD")
-    files = " ".join(shlex.quote(f) for f in task.test_files)
     uid, gid, home, name = (sandbox.run_as.split() + ["", "", "", ""])[:4]
     drop = (f"env HOME={shlex.quote(home)} USER={name} LOGNAME={name} setpriv --reuid={uid} --regid={gid} "
             "--init-groups --") if uid else ""
@@ -135,13 +144,13 @@ def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], 
                   "{ echo 'the task test_patch does not apply'; exit 9; }") if task.test_patch else ""
     return f"""cd {shlex.quote(sandbox.workdir)} || exit 1
 [ -f {CONDA} ] && . {CONDA} testbed
-for f in {files}; do {GIT} cat-file -e {base}:"$f" 2>/dev/null && {GIT} checkout -q {base} -- "$f"; done
+{restore_tests_command(task.test_files, base)}
 {test_patch}
 {f"find . {NOT_THE_USERS.format(uid=uid)} -exec chown -h {uid}:{gid} -- {{}} +" if uid else ""}
 idx={private}/index.copy; own=.git/index; [ -d .git ] || own=$({GIT} rev-parse --git-path index)
 {{ cp -p "$own" $idx 2>/dev/null || GIT_INDEX_FILE=$idx {GIT} read-tree {base}; }} \
   && GIT_INDEX_FILE=$idx {GIT} {TRUST_STAT} add -A . >/dev/null 2>&1
-GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch; rm -f $idx
+GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch
 mkdir -m 0700 {report_dir} && {f"chown {uid}:{gid} {report_dir}" if uid else "true"}
 unset PYTEST_PLUGINS
 {"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
@@ -154,5 +163,5 @@ rc=${{PIPESTATUS[0]}}
 {_now_us('end')}; echo "$rc $(( (end - start) / 1000 ))" > {private}/rc
 f={report_dir}/junit.xml
 [ -f "$f" ] && [ ! -L "$f" ] && head -c {LOG_CAP} "$f" > {private}/junit.xml
-rm -rf {report_dir}
+rm -rf {report_dir} $idx
 """
