@@ -22,7 +22,8 @@ from sandbox.exec_stream import privileged_argv, read_output
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, kill_all_command, run_or_restart,
                            server_argv)
-from sandbox.worktree import diff_command, head_command, keep_index_command, reset_command
+from sandbox.worktree import (diff_command, head_command, keep_fresh_index_command, keep_index_command,
+                              reset_command)
 
 log = logging.getLogger(__name__)
 
@@ -222,13 +223,13 @@ class DockerSandbox:
     def _privileged_exec(self, command: str, timeout: float, stdin: bytes) -> CommandResult:
         """The exec outlives its output, which the engine could otherwise drop (sandbox/exec_stream.py)."""
         start = time.monotonic()
-        argv, marker = privileged_argv(command, timeout, bool(stdin))
+        argv, marker = privileged_argv(command, timeout, len(stdin))
         try:
             exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True,
                                                   stderr=True, user="root")["Id"]
             sock = self.client.api.exec_start(exec_id, socket=True)._sock
             try:
-                sock.sendall(stdin)  # the command reads exactly this many bytes: no end-of-file needed
+                sock.sendall(stdin)  # the command reads this many bytes, then an end of file (WRAPPER)
                 output = read_output(sock, marker, timeout + 30)
             finally:
                 sock.close()
@@ -268,7 +269,7 @@ class DockerSandbox:
         sandbox user cannot write, when it holds exactly the base tree: diffs and resets start from its stat data
         (sandbox/worktree.py). Nothing is kept where commands run as root, or when the command fails."""
         if self.run_as and self.base_commit and self.run_privileged(
-                keep_index_command(self.workdir, TRUSTED_INDEX, self.run_as, self.base_commit), 60).exit_code == 0:
+                keep_fresh_index_command(self.workdir, TRUSTED_INDEX, self.base_commit), 60).exit_code == 0:
             self._trusted = (self.workdir, self.base_commit)
 
     def reset(self) -> None:

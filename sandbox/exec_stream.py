@@ -16,18 +16,19 @@ import time
 
 from sandbox.base import SandboxError
 
-# $1: seconds, $2: the command, $3: the marker, $4: "1" when the command reads the caller's bytes on its standard
-# input (else it reads nothing: /dev/null). The answer is awaited at most a minute: a client gone leaves no process.
-WRAPPER = ('if [ "$4" = 1 ]; then timeout -k 5 "$1" bash --noprofile --norc -c "$2" 2>&1; '
+# $1: seconds, $2: the command, $3: the marker, $4: how many of the caller's bytes the command reads on its standard
+# input, then an end of file (0: it reads nothing, /dev/null; `head` reads no byte past them, and the stream stays
+# open for the answer). The answer is awaited at most a minute: a client gone leaves no process.
+WRAPPER = ('if [ "$4" -gt 0 ]; then head -c "$4" | timeout -k 5 "$1" bash --noprofile --norc -c "$2" 2>&1; '
            'else timeout -k 5 "$1" bash --noprofile --norc -c "$2" < /dev/null 2>&1; fi; '
            'rc=$?; printf %s "$3"; read -r -t 60 _; exit $rc')
 
 
-def privileged_argv(command: str, timeout: float, reads_stdin: bool) -> tuple[list[str], bytes]:
+def privileged_argv(command: str, timeout: float, stdin_bytes: int) -> tuple[list[str], bytes]:
     """The exec's command line and the marker its output ends with."""
     marker = f"\n__HANDHOLD_END_{secrets.token_hex(8)}__"
     argv = ["bash", "--noprofile", "--norc", "-c", WRAPPER, "handhold-privileged", str(max(int(timeout), 1)),
-            command, marker, "1" if reads_stdin else "0"]
+            command, marker, str(stdin_bytes)]
     return argv, marker.encode()
 
 

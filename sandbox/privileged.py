@@ -2,8 +2,7 @@
 
 Every privileged command costs a round trip (a few milliseconds through a Docker sandbox's root loop, ~65 ms
 as an exec of its own), and so does each file copied in or out; the grader needs a dozen of each. Here the
-inputs travel as a tar on the script's standard input
-(read to an exact length, so no end-of-file is needed) and the outputs come back as a tar on its
+inputs travel as a tar on the script's standard input and the outputs come back as a tar on its
 standard output, while the script's own output goes to a log that comes back with them.
 """
 
@@ -31,13 +30,15 @@ class Exchanged:
 
 
 def exchange(sandbox: Sandbox, script: str, inputs: dict[str, tuple[bytes, int]], outputs: list[str],
-             timeout: float) -> Exchanged:
+             timeout: float, folders: dict[str, tuple[int, int, int]] | None = None) -> Exchanged:
     """Write `inputs` (absolute path -> (bytes, mode)), run `script` as the administrator (in a subshell: its
-    `exit` ends only the script), read back `outputs` (absolute paths; a missing one is left out)."""
+    `exit` ends only the script), read back `outputs` (absolute paths; a missing one is left out). `folders`
+    (absolute path -> (mode, uid, gid)) are made, or an existing one given that mode and owner, before the inputs
+    are written (GNU tar, as root, sets an existing folder's mode and owner from the archive)."""
     start = time.monotonic()
-    payload = _tar(inputs)
+    payload = _tar(inputs, folders or {})
     wanted = " ".join(shlex.quote(p.lstrip("/")) for p in outputs)
-    command = (f"head -c {len(payload)} | tar -xf - -C / || exit 90\n"
+    command = (f"tar -xf - -C / || exit 90\n"
                f"log=$(mktemp /tmp/{LOG}.XXXXXX) && exec 9>&1 >\"$log\" 2>&1\n(\n{script}\n)\nrc=$?\n"
                f"tar -cf - --ignore-failed-read -C / {wanted} -C /tmp \"${{log#/tmp/}}\" 2>/dev/null >&9\n"
                f"rm -f \"$log\"\nexit $rc\n")
@@ -49,9 +50,13 @@ def exchange(sandbox: Sandbox, script: str, inputs: dict[str, tuple[bytes, int]]
     return Exchanged(result.exit_code, text, files, time.monotonic() - start)
 
 
-def _tar(inputs: dict[str, tuple[bytes, int]]) -> bytes:
+def _tar(inputs: dict[str, tuple[bytes, int]], folders: dict[str, tuple[int, int, int]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, (mode, uid, gid) in folders.items():
+            info = tarfile.TarInfo(path.strip("/"))
+            info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, mode, uid, gid, time.time()
+            tar.addfile(info)
         for path, (data, mode) in inputs.items():
             info = tarfile.TarInfo(path.lstrip("/"))
             info.size, info.mode, info.mtime = len(data), mode, time.time()

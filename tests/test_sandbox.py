@@ -510,7 +510,7 @@ def test_a_privileged_command_exits_only_after_its_output_was_read():
 
     from sandbox.exec_stream import privileged_argv, read_output
 
-    argv, marker = privileged_argv("cat /root-only", 30, reads_stdin=False)
+    argv, marker = privileged_argv("cat /root-only", 30, stdin_bytes=0)
     assert argv[-3:] == ["cat /root-only", marker.decode(), "0"]
     frame = lambda kind, data: struct.pack(">BxxxL", kind, len(data)) + data  # noqa: E731
     client, engine = socket.socketpair()
@@ -535,13 +535,15 @@ def test_a_privileged_command_exits_only_after_its_output_was_read():
 
 
 @pytest.mark.docker
-def test_privileged_output_is_exact_and_ends_with_the_command(base_image):
-    """stdout and stderr in order, bytes kept, no marker left over; a command without input reads nothing; the
-    exit code and a timeout come back as before."""
-    with DockerSandbox(base_image, workdir="/tmp") as sb:
+@pytest.mark.parametrize("user", ["auto", "root"])  # through the root loop; in an exec of its own
+def test_privileged_output_is_exact_and_ends_with_the_command(base_image, user):
+    """stdout and stderr in order, bytes kept, no marker left over; a command without input reads nothing, one with
+    input reads it to its end; the exit code and a timeout come back as before."""
+    with DockerSandbox(base_image, workdir="/tmp", config=SandboxSpec(user=user)) as sb:
+        assert bool(sb.run_as) == (user == "auto")
         done = sb.run_privileged("printf 'a\\377b\\n'; echo err >&2; echo out; cat; exit 3", 30)
         assert (done.exit_code, done.output.encode("utf-8", "surrogateescape")) == (3, b"a\xffb\nerr\nout\n")
-        fed = sb.run_privileged("head -c 5; echo ' fed'", 30, stdin=b"12345")
+        fed = sb.run_privileged("cat; echo ' fed'", 30, stdin=b"12345")
         assert (fed.exit_code, fed.output) == (0, "12345 fed\n")
         slow = sb.run_privileged("sleep 30", 1)
         assert slow.timed_out and slow.exit_code == 124 and slow.output == ""

@@ -41,7 +41,8 @@ from pipeline.verifier.empty_patch import graded_once
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.verifier.junit import guard_disagreements, junit_disagreements
-from pipeline.verifier.steps import GIT, GUARD, apply_script, guard_dir, list_script, private_dirs, test_script
+from pipeline.verifier.steps import (GIT, GUARD, apply_script, guard_dir, list_script, private_folders, report_folder,
+                                     test_script)
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
 from sandbox.privileged import exchange
 from sandbox.session_files import WRITE_CHUNK
@@ -137,7 +138,7 @@ def _list(sandbox: Sandbox, task: Task, patch: str, private: str, restore: bool)
     inputs = {f"{private}/candidate.patch": (patch.encode(), 0o600)}
     script = list_script(sandbox, private, None if probed else key[1], bool(patch.strip()), restore)
     done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in ("probe", "numstat", "tracked", "refused")],
-                    timeout=300)
+                    timeout=300, folders=private_folders(sandbox, private))
     if done.exit_code != 0:
         raise SandboxError(f"preparing the grade failed (exit {done.exit_code}): {done.log[-1500:]}")
     if not probed:
@@ -201,10 +202,12 @@ def _apply_and_test(sandbox: Sandbox, task: Task, patch: str, private: str, plug
               f"{guard_dir(sandbox)}/{GUARD}.py": (GUARD_SOURCE.read_bytes(), 0o644),
               f"{private}/touched": (_nul_list(list(reasons)), 0o600),
               f"{private}/protect": (_nul_list([p for p in reasons if reasons[p]]), 0o600)}
-    script = private_dirs(sandbox, private) + "\n" + (apply_script(sandbox, private) if reasons else "") + \
-        test_script(task, sandbox, private, plugins, timeout, pytest_run)
+    report_dir, report_mode = report_folder(sandbox)
+    script = (apply_script(sandbox, private) if reasons else "") + \
+        test_script(task, sandbox, private, plugins, timeout, pytest_run, report_dir)
     names = ("ignored", "refused", "rc", "log", "junit.xml", "guard.log", "effective.patch")
-    done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in names], timeout=timeout + 120)
+    done = exchange(sandbox, script, inputs, [f"{private}/{n}" for n in names], timeout=timeout + 120,
+                    folders={**private_folders(sandbox, private), report_dir: report_mode})
     out = {n: done.files.get(f"{private}/{n}") for n in names}
     if out["refused"] is not None:
         return None

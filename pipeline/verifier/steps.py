@@ -3,9 +3,9 @@
 1. `list_script`: the tree put back to what `prepare` left, the environment probed (once per
    image), and git's own reading of the patch: does it apply, which paths it touches. (In a fresh
    sandbox of a probed image, git reads the patch in the session instead: pipeline/verifier/grading.py.)
-2. `private_dirs`, `apply_script`, `test_script`: the patch applied with every protected path put
-   back, the test files restored, then the tests run as the sandbox user with their output, exit code,
-   JUnit report and the guard plugin's signed records captured by root.
+2. `apply_script`, `test_script` (in the folders `private_folders` and `report_folder` name): the patch
+   applied with every protected path put back, the test files restored, then the tests run as the sandbox
+   user with their output, exit code, JUnit report and the guard plugin's signed records captured by root.
 """
 
 from __future__ import annotations
@@ -73,16 +73,21 @@ def list_script(sandbox: Sandbox, private: str, python: str | None, patch: bool,
                f"if {GIT} apply --check {private}/candidate.patch >/dev/null 2>&1; then\n"
                f"  {GIT} apply --numstat -z {private}/candidate.patch > {private}/numstat || exit 1\n"
                f"else echo refused > {private}/refused; fi") if patch else ""
-    return f"""chmod 0700 {sandbox.private} {private} || exit 1
-{pristine_tree(sandbox) if restore else ""}
+    return f"""{pristine_tree(sandbox) if restore else ""}
 {probe}
 {listing}"""
 
 
-def private_dirs(sandbox: Sandbox, private: str) -> str:
-    """Shell making the grade's folder root's alone, and the guard plugin's root's, readable by the sandbox user."""
-    own = f"chown -R 0:0 {guard_dir(sandbox)} && " if sandbox.run_as else ""
-    return f"chmod 0700 {sandbox.private} {private} && {own}chmod -R go-w {guard_dir(sandbox)} || exit 1"
+def private_folders(sandbox: Sandbox, private: str) -> dict[str, tuple[int, int, int]]:
+    """The folders a grade's inputs go in, as the exchange makes them (path -> mode, uid, gid): the grade's own
+    root's alone, the guard plugin's root's and readable by the sandbox user."""
+    return {sandbox.private: (0o700, 0, 0), private: (0o700, 0, 0), guard_dir(sandbox): (0o755, 0, 0)}
+
+
+def report_folder(sandbox: Sandbox) -> tuple[str, tuple[int, int, int]]:
+    """A new folder for the test run's JUnit report, the sandbox user's alone: (path, (mode, uid, gid))."""
+    uid, gid = (sandbox.run_as.split() + ["0", "0"])[:2]
+    return f"/tmp/.handhold-report-{secrets.token_hex(8)}", (0o700, int(uid), int(gid))
 
 
 def pristine_tree(sandbox: Sandbox) -> str:
@@ -132,13 +137,13 @@ def restore_tests_command(files: tuple[str, ...], base: str) -> str:
 
 
 def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], timeout: float,
-                pytest_run: bool) -> str:
-    """Restore the tests, record the tree they see, run them as the sandbox user; root keeps what they did."""
+                pytest_run: bool, report_dir: str) -> str:
+    """Restore the tests, record the tree they see, run them as the sandbox user, their JUnit report in `report_dir`
+    (report_folder); root keeps what they did."""
     base = shlex.quote(sandbox.base_commit or "HEAD")
     uid, gid, home, name = (sandbox.run_as.split() + ["", "", "", ""])[:4]
     drop = (f"env HOME={shlex.quote(home)} USER={name} LOGNAME={name} setpriv --reuid={uid} --regid={gid} "
             "--init-groups --") if uid else ""
-    report_dir = f"/tmp/.handhold-report-{secrets.token_hex(8)}"
     addopts = " ".join([*(f"-p {p}" for p in [*plugins, GUARD]), f"--junitxml={report_dir}/junit.xml"])
     test_patch = (f"{GIT} apply --whitespace=nowarn {private}/test.patch || "
                   "{ echo 'the task test_patch does not apply'; exit 9; }") if task.test_patch else ""
@@ -151,7 +156,6 @@ idx={private}/index.copy; own=.git/index; [ -d .git ] || own=$({GIT} rev-parse -
 {{ cp -p "$own" $idx 2>/dev/null || GIT_INDEX_FILE=$idx {GIT} read-tree {base}; }} \
   && GIT_INDEX_FILE=$idx {GIT} {TRUST_STAT} add -A . >/dev/null 2>&1
 GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch
-mkdir -m 0700 {report_dir} && {f"chown {uid}:{gid} {report_dir}" if uid else "true"}
 unset PYTEST_PLUGINS
 {"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
 export HANDHOLD_GUARD_FDS={shlex.quote(GUARD_FDS)} PYTHONPATH={guard_dir(sandbox)}${{PYTHONPATH:+:$PYTHONPATH}}
