@@ -18,7 +18,7 @@ import docker.errors
 
 from sandbox import become_builtin, session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
-from sandbox.exec_stream import privileged_argv, read_output
+from sandbox.exec_stream import run_in_exec
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, kill_all_command, run_or_restart,
                            server_argv)
@@ -221,23 +221,10 @@ class DockerSandbox:
         return dataclasses.replace(done, timed_out=done.timed_out or done.exit_code == 124)
 
     def _privileged_exec(self, command: str, timeout: float, stdin: bytes) -> CommandResult:
-        """The exec outlives its output, which the engine could otherwise drop (sandbox/exec_stream.py)."""
-        start = time.monotonic()
-        argv, marker = privileged_argv(command, timeout, len(stdin))
         try:
-            exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True,
-                                                  stderr=True, user="root")["Id"]
-            sock = self.client.api.exec_start(exec_id, socket=True)._sock
-            try:
-                sock.sendall(stdin)  # the command reads this many bytes, then an end of file (WRAPPER)
-                output = read_output(sock, marker, timeout + 30)
-            finally:
-                sock.close()
-            code = self.client.api.exec_inspect(exec_id)["ExitCode"]
+            return run_in_exec(self.client, self.container.id, command, timeout, stdin)
         except (docker.errors.APIError, OSError) as exc:
             raise SandboxError(f"sandbox {self.short_id}: a privileged command failed to run: {exc}") from exc
-        return CommandResult(code if code is not None else -1, output.decode("utf-8", errors="surrogateescape"),
-                             time.monotonic() - start, timed_out=code == 124)
 
     def _checked(self, command: str, what: str) -> str:
         result = self.run(command, timeout=max(self.config.timeout, 120))

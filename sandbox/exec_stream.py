@@ -14,7 +14,7 @@ import socket
 import struct
 import time
 
-from sandbox.base import SandboxError
+from sandbox.base import CommandResult, SandboxError
 
 # $1: seconds, $2: the command, $3: the marker, $4: how many of the caller's bytes the command reads on its standard
 # input, then an end of file (0: it reads nothing, /dev/null; `head` reads no byte past them, and the stream stays
@@ -30,6 +30,23 @@ def privileged_argv(command: str, timeout: float, stdin_bytes: int) -> tuple[lis
     argv = ["bash", "--noprofile", "--norc", "-c", WRAPPER, "handhold-privileged", str(max(int(timeout), 1)),
             command, marker, str(stdin_bytes)]
     return argv, marker.encode()
+
+
+def run_in_exec(client, container_id: str, command: str, timeout: float, stdin: bytes) -> CommandResult:
+    """Run `command` as root in an exec of its own, `stdin` on its standard input; stdout and stderr together,
+    decoded with surrogateescape. Docker's errors (APIError, OSError) are the caller's to report."""
+    start = time.monotonic()
+    argv, marker = privileged_argv(command, timeout, len(stdin))
+    exec_id = client.api.exec_create(container_id, argv, stdin=True, stdout=True, stderr=True, user="root")["Id"]
+    sock = client.api.exec_start(exec_id, socket=True)._sock
+    try:
+        sock.sendall(stdin)  # the command reads this many bytes, then an end of file (WRAPPER)
+        output = read_output(sock, marker, timeout + 30)
+    finally:
+        sock.close()
+    code = client.api.exec_inspect(exec_id)["ExitCode"]
+    return CommandResult(code if code is not None else -1, output.decode("utf-8", errors="surrogateescape"),
+                         time.monotonic() - start, timed_out=code == 124)
 
 
 def read_output(sock, marker: bytes, timeout: float) -> bytes:

@@ -181,6 +181,9 @@ def test_a_fresh_trees_index_is_kept_for_the_diff_only_when_it_holds_the_base(ba
         sb.run("git reset -q && sleep 1.1")
         sb.keep_index()
         assert sb.run_privileged(kept, 30).output.split() == ["kept"]
+        mine = sb.run("test -r /run/handhold-index/index && echo readable; { echo x > /run/handhold-index/index; } "
+                      "2>/dev/null || echo refused")
+        assert mine.output.split() == ["readable", "refused"], mine.output
         sb.run("git config core.trustctime false && git config core.checkStat minimal && git config core.ignoreStat "
                "true && touch -r f.txt /tmp/hh-ref && printf 'a\\nB\\n' > f.txt && touch -r /tmp/hh-ref f.txt "
                "&& git update-index --assume-unchanged f.txt && rm .git/index && touch new.py")
