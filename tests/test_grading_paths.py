@@ -74,6 +74,8 @@ JUNIT = b"""<?xml version="1.0"?><testsuites><testsuite>
 <testcase classname="pkg.tests.test_a" name="test_sig[a, b-1]"/>
 <testcase classname="pkg.tests.test_a" name="test_sig[a, c-2]"/>
 <testcase classname="pkg.tests.test_a" name="test_cut[x, y]"><failure/></testcase>
+<testcase classname="pkg.tests.test_a" name="test_meta[[CMD] [ARGS]]"/>
+<testcase classname="pkg.tests.test_a" name="test_meta[[CMD]]"><failure/></testcase>
 </testsuite></testsuites>"""
 
 
@@ -85,6 +87,11 @@ def test_junit_cross_check():
     assert junit_disagreements(JUNIT, ["pkg/tests/test_a.py::test_sig[a,"]) == []
     assert junit_disagreements(JUNIT, ["pkg/tests/test_a.py::test_cut[x,"]) == [
         "pkg/tests/test_a.py::test_cut[x,: failed in the JUnit report"]
+    # a cut id may end in a bracket of its parameters (click's `[COMMAND] [ARGS]`); it covers the tests it begins
+    # followed by whitespace only, never a longer id of its own (`test_meta[[CMD]]`), nor one cut elsewhere
+    assert junit_disagreements(JUNIT, ["pkg/tests/test_a.py::test_meta[[CMD]"]) == []
+    assert junit_disagreements(JUNIT, ["pkg/tests/test_a.py::test_sig[a"]) == [
+        "pkg/tests/test_a.py::test_sig[a: missing in the JUnit report"]
     assert junit_disagreements(JUNIT, ok + ["pkg/tests/test_a.py::test_bad", "pkg/tests/test_a.py::test_skip",
                                             "pkg/tests/test_a.py::test_gone"]) == [
         "pkg/tests/test_a.py::test_bad: failed in the JUnit report",

@@ -48,7 +48,7 @@ from sandbox.privileged import exchange
 from sandbox.session_files import WRITE_CHUNK
 
 log = logging.getLogger(__name__)
-GRADER_VERSION = "2"  # bump when a verdict may change: tasks validated by an older grader are validated again
+GRADER_VERSION = "3"  # bump when a verdict may change: tasks validated by an older grader are validated again
 PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
 _PROBED: dict[tuple[str, str], tuple[list[str], frozenset[str]]] = {}  # (image, python) -> probe, per process

@@ -74,12 +74,14 @@ def _not_passed(outcomes: dict[str, str], passed: list[str], where: str) -> list
 
 
 def _outcome(outcomes: dict[str, str], key: str) -> str:
-    """A test's outcome; an id the log parser cut at a space inside its parameters (`test_x[a,`) stands for
-    every test it begins, and all of them must agree."""
+    """A test's outcome; an id the log parser cut at whitespace inside its parameters (`test_x[a,` of
+    `test_x[a, b]`, `test_y[[CMD]` of `test_y[[CMD] [ARGS]]`) stands for every test it begins followed by
+    whitespace, and all of them must agree."""
     if key in outcomes:
         return outcomes[key]
-    if "[" in key and not key.endswith("]"):
-        found = {outcome for name, outcome in outcomes.items() if name.startswith(key)}
+    if "[" in key:
+        found = {outcome for name, outcome in outcomes.items()
+                 if len(name) > len(key) and name.startswith(key) and name[len(key)].isspace()}
         if found:
             return "passed" if found == {"passed"} else sorted(found - {"passed"})[0]
     return "missing"
