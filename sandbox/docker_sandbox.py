@@ -247,9 +247,12 @@ class DockerSandbox:
         session_files.write(self, self._abs(path), path, data)
 
     # -- work tree -----------------------------------------------------------------------
+    def _kept_index(self) -> str | None:
+        """TRUSTED_INDEX when it was kept for this work tree and base, else None."""
+        return TRUSTED_INDEX if self._trusted == (self.workdir, self.base_commit) else None
+
     def diff(self) -> str:
-        trusted = TRUSTED_INDEX if self._trusted == (self.workdir, self.base_commit) else None
-        return self._checked(diff_command(self.workdir, self.base_commit, trusted), "git diff")
+        return self._checked(diff_command(self.workdir, self.base_commit, self._kept_index()), "git diff")
 
     def keep_index(self) -> None:
         """Keep the index of a tree nothing ran in since it was made (a task's sandbox, just prepared) where the
@@ -262,10 +265,9 @@ class DockerSandbox:
     def reset(self) -> None:
         """The work tree back to base: the first reset compares every file and, where commands run as a user
         other than root, keeps its index where they cannot write, for later resets to start from."""
-        trusted = self._trusted == (self.workdir, self.base_commit)
-        self._checked(reset_command(self.workdir, self.base_commit, TRUSTED_INDEX if trusted else None),
-                      "resetting the work tree")
-        keep = keep_index_command(self.workdir, TRUSTED_INDEX, self.run_as) if self.run_as and not trusted else ""
+        kept = self._kept_index()
+        self._checked(reset_command(self.workdir, self.base_commit, kept), "resetting the work tree")
+        keep = keep_index_command(self.workdir, TRUSTED_INDEX, self.run_as) if self.run_as and not kept else ""
         if keep and self.run_privileged(keep, 60).exit_code == 0:
             self._trusted = (self.workdir, self.base_commit)
 
