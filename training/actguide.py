@@ -32,8 +32,8 @@ from typing import Any
 
 from pipeline.agent.identity import local_identity
 from training.actguide_examples import Example, prepare_examples
-from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainResult, finish_run, fresh_run_dir, load_model,
-                             read_split)
+from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, finish_run, fresh_run_dir, load_model,
+                             read_split, resolved_precision)
 from training.config import ActGuideTrainingConfig
 
 
@@ -194,7 +194,7 @@ def train_actguide(config: ActGuideTrainingConfig, model_path: str, dataset_fold
         "stage": "actguide", "starting_model": model_path, "dataset": str(dataset_folder), **counts,
         "behaviour_logprobs": config.behaviour_logprobs, "starting_revision": starting.revision,
         "starting_chat_template_hash": starting.chat_template_hash,
-        "dtype": PRECISION_DTYPES[config.precision],
+        "dtype": PRECISION_DTYPES[resolved_precision(config.precision)],
         "trajectories": len(examples), "guided_trajectories": sum(e.sampled_under == "guided" for e in examples),
         "steps": len(history), "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
         "seconds": round(total, 2), "tokens": tokens,

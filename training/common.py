@@ -52,17 +52,39 @@ def read_split(dataset_folder: str | Path, config: str, split: str = "train"):
     return rows
 
 
+def on_gpu() -> bool:
+    """Whether this process trains on a CUDA device."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolved_precision(precision: str) -> str:
+    """`precision` with 'auto' made concrete: bf16 on a GPU that has it, else fp32 (a CPU)."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    return "bf16" if on_gpu() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def checkpointing_on(setting: str) -> bool:
+    """Whether gradient checkpointing is on for the setting: 'on', 'off', or 'auto' (on when training on a GPU)."""
+    return setting == "on" or (setting == "auto" and on_gpu())
+
+
 def starting_model(model: str, layout: Layout) -> str:
     """`model`, or the tiny offline model built (once) in the data folder (`layout.tiny_model()`)."""
     return model or str(build_tiny_model(layout.tiny_model()))
 
 
 def load_model(path: str, precision: str):
-    """A causal LM in the dtype `precision` names."""
+    """A causal LM in the dtype `precision` names ('auto' resolved by `resolved_precision`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, PRECISION_DTYPES[precision]))
+    dtype = getattr(torch, PRECISION_DTYPES[resolved_precision(precision)])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     score_only_labelled_positions_on_cpu()
     return without_right_padding_mask(model)
 
@@ -116,13 +138,14 @@ def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool) -> di
     # it to True, which recomputes every forward in the backward whatever `gradient_checkpointing: false` says
     names = {f.name for f in dataclasses.fields(config_class)}
     checkpointing = {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing":
-                     config.gradient_checkpointing}
+                     checkpointing_on(config.gradient_checkpointing)}
     return dict(
         output_dir=str(out_dir / "trainer"), learning_rate=config.learning_rate,
         lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
         per_device_train_batch_size=config.per_device_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
-        max_steps=config.max_steps, bf16=config.precision == "bf16", fp16=config.precision == "fp16",
+        max_steps=config.max_steps, bf16=resolved_precision(config.precision) == "bf16",
+        fp16=resolved_precision(config.precision) == "fp16",
         seed=config.seed, **checkpointing, logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
         include_num_input_tokens_seen="non_padding", disable_tqdm=True)
 

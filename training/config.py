@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Checkpointing = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class DPOTrainingConfig:
     """Pairs per device per forward pass."""
     gradient_accumulation_steps: int = 8
     """Forward passes per optimizer step."""
-    max_length: int = 32768
+    max_length: int = 16384
     """Tokens of prompt plus one completion; longer completions are cut at an assistant-turn boundary."""
     min_assistant_turns: int = 1
     """A pair keeping fewer whole assistant turns than this on either side after the cut is dropped."""
@@ -56,12 +57,12 @@ class DPOTrainingConfig:
     """Passes over the training split."""
     max_steps: int = -1
     """Optimizer steps; -1: as many as `epochs` makes."""
-    precision: Precision = "fp32"
-    """fp32, bf16 or fp16 (the last two need hardware that has them)."""
+    precision: Precision = "auto"
+    """auto: bf16 where the device has it, else fp32 (a CPU); or fp32, bf16, fp16 (the last two need hardware that has them)."""
     precompute_ref_log_probs: bool = False
     """Compute the reference model's log-probs once before training, then free it (saves memory)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (saves memory, costs time)."""
+    gradient_checkpointing: Checkpointing = "auto"
+    """Recompute activations in the backward pass (saves memory, costs time); auto: on when training on a GPU."""
     seed: int = 0
     """Seed of data order and initialisation of adapters."""
     lora: LoraSettings = field(default_factory=LoraSettings)
@@ -84,8 +85,8 @@ class SFTTrainingConfig:
     """Conversations per device per forward pass."""
     gradient_accumulation_steps: int = 8
     """Forward passes per optimizer step."""
-    max_length: int = 32768
-    """Tokens of a conversation; a longer one keeps its start (its later turns are cut)."""
+    max_length: int = 16384
+    """Tokens of a conversation; a longer one is cut at an assistant-turn boundary (its later turns dropped)."""
     epochs: float = 1.0
     """Passes over the training split."""
     max_steps: int = -1
@@ -94,10 +95,10 @@ class SFTTrainingConfig:
     """Stop once the teacher-forced token accuracy reaches this on `stop_patience` steps in a row; 0: never."""
     stop_patience: int = 5
     """Steps in a row at `stop_at_token_accuracy` before stopping."""
-    precision: Precision = "fp32"
-    """fp32, bf16 or fp16 (the last two need hardware that has them)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (saves memory, costs time)."""
+    precision: Precision = "auto"
+    """auto: bf16 where the device has it, else fp32 (a CPU); or fp32, bf16, fp16 (the last two need hardware that has them)."""
+    gradient_checkpointing: Checkpointing = "auto"
+    """Recompute activations in the backward pass (saves memory, costs time); auto: on when training on a GPU."""
     seed: int = 0
     """Seed of data order and initialisation of adapters."""
     lora: LoraSettings = field(default_factory=LoraSettings)
@@ -110,11 +111,13 @@ class ActGuideTrainingConfig:
 
     enabled: bool = True
     """Train; False: the actguide_model asset says it skipped."""
-    guided_group: Literal["merge", "replace"] = "merge"
-    """A task whose unguided attempts all failed: its guided attempts merged into the group (ActGuide-RL) or replacing it."""
-    behaviour_logprobs: Literal["stored", "recompute"] = "stored"
-    """stored: the rollouts' own log-probs on their own token ids; refused unless every trajectory was sampled by the
-    starting model (same weights and chat template). recompute: the starting model's, computed once before training."""
+    guided_group: Literal["replace", "merge"] = "replace"
+    """A task whose unguided attempts all failed: its guided attempts replace the group (ActGuide-RL's reference code)
+    or are merged into it (its Algorithm 1's wording)."""
+    behaviour_logprobs: Literal["recompute", "stored"] = "recompute"
+    """recompute: the starting model's log-probs, computed once before training (ActGuide-RL's reference). stored: the
+    rollouts' own on their own token ids; refused unless every trajectory was sampled by the starting model (same
+    weights and chat template) at temperature 1 and top-p 1."""
     learning_rate: float = 1e-6
     """Learning rate (AdamW)."""
     lr_scheduler: str = "constant"
@@ -127,14 +130,26 @@ class ActGuideTrainingConfig:
     """Trajectories per optimizer step."""
     clip: float = 0.2
     """The ratio is clipped to [1 - clip, 1 + clip]."""
+    dual_clip: float = 3.0
+    """A negative-advantage token's loss is bounded by dual_clip * |advantage| (VeRL's dual clip, c); 0: no bound."""
+    zero_advantage_tokens: Literal["count", "skip"] = "count"
+    """count: the tokens of a group's zero-advantage members count in the token mean and the KL (ActGuide-RL's
+    reference); skip: such members are left out."""
     kl_weight: float = 0.001
     """Weight of the KL (k3) to the starting model on the unguided prompt (ActGuide-RL: 0.001); 0: no KL term."""
-    max_length: int = 32768
-    """Tokens of the longer (guided) prompt plus the response; the response's tail beyond it is cut."""
+    max_length: int = 16384
+    """Tokens of the longer (guided) prompt plus the response; later turns beyond it are cut at a turn boundary."""
+    micro_batch_tokens: int = 16384
+    """Most tokens (padded) in one forward; a batch is scored in micro-batches with gradients accumulated, the loss
+    still the token mean over the whole batch. A segment longer than this is refused before the first step."""
+    logprob_chunk_tokens: int = 2048
+    """Positions whose full-vocabulary logits exist at once when log-probs are computed (chunked log-softmax)."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this norm."""
-    precision: Precision = "fp32"
-    """fp32, bf16 or fp16: the dtype the model is loaded in."""
+    precision: Precision = "auto"
+    """auto: bf16 where the device has it, else fp32 (a CPU); or fp32, bf16, fp16: the dtype the model is loaded in."""
+    gradient_checkpointing: Checkpointing = "auto"
+    """Recompute activations in the backward pass (saves memory, costs time); auto: on when training on a GPU."""
     seed: int = 0
     """Seed of the trajectory order."""
 
@@ -197,6 +212,9 @@ class TrainingConfig:
 
     model: str = ""
     """Starting policy (a local directory or Hub name); '': the tiny offline model, built under data_dir/models."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers every stage also logs to (tensorboard, mlflow, wandb, trackio, ...); empty: none.
+    metrics.jsonl and the Dagster metadata are written either way."""
     launcher: Literal["in_process", "pipes", "k8s"] = "in_process"
     """in_process: train inside the asset's process; pipes: launch `launch_command` as a Dagster Pipes subprocess;
     k8s: run it in a Kubernetes pod through Dagster Pipes (PipesK8sClient)."""

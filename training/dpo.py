@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
-                             fresh_run_dir, load_model, lora_config, read_split, trainer_args)
+from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, TrainingDataError, finish_run,
+                             fresh_run_dir, load_model, lora_config, read_split, resolved_precision, trainer_args)
 from training.config import DPOTrainingConfig
 
 KEPT_METRICS = ("loss", "rewards/margins", "rewards/accuracies", "rewards/chosen", "rewards/rejected",
@@ -73,7 +73,7 @@ def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | 
     summary = {
         "stage": "dpo", "starting_model": model_path, "dataset": str(dataset_folder), "rows": rows.num_rows,
         "rows_trained": trainer.train_dataset.num_rows, "truncation": kept, "steps": trainer.state.global_step,
-        "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[config.precision],
+        "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[resolved_precision(config.precision)],
         "first_loss": history[0]["loss"] if history else None, "final_loss": history[-1]["loss"] if history else None,
         "final_reward_margin": history[-1].get("rewards/margins") if history else None,
         "final_reward_accuracy": history[-1].get("rewards/accuracies") if history else None,

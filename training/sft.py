@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.common import (PRECISION_DTYPES, MetricsLog, Reporter, TrainingDataError, TrainResult, finish_run,
-                             fresh_run_dir, load_model, lora_config, read_split, trainer_args)
+from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, TrainingDataError, finish_run,
+                             fresh_run_dir, load_model, lora_config, read_split, resolved_precision, trainer_args)
 from training.config import SFTTrainingConfig
 
 KEPT_METRICS = ("loss", "mean_token_accuracy", "entropy", "num_tokens", "learning_rate", "grad_norm", "epoch")
@@ -103,7 +103,7 @@ def train_sft(config: SFTTrainingConfig, model_path: str, dataset_folder: str | 
         "cut_tokens": sum(max(0, n - config.max_length) for n in lengths),
         "assistant_tokens": sum(sum(mask) for mask in tokenized["assistant_masks"]),
         "steps": trainer.state.global_step, "stopped_early": trainer.state.global_step < trainer.state.max_steps,
-        "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[config.precision],
+        "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[resolved_precision(config.precision)],
         "first_loss": history[0]["loss"] if history else None, "final_loss": history[-1]["loss"] if history else None,
         "final_token_accuracy": history[-1].get("mean_token_accuracy") if history else None,
         "train_loss": output.training_loss, "seconds": round(seconds, 2), "tokens": int(tokens),
