@@ -22,9 +22,10 @@ from training.launch import launch
 
 STAGES = ("sft", "dpo", "actguide")
 EVALUATION_FRESHNESS = timedelta(hours=36)  # the nightly evaluation, after training, may finish later than the export
-HEADLINE = ("steps", "rows", "rows_trained", "trajectories", "guided_trajectories", "groups", "first_loss",
-            "final_loss", "final_token_accuracy", "final_reward_margin", "final_reward_accuracy", "rows_truncated", "tokens_per_second", "forward_share",
-            "seconds", "adapter")
+HEADLINE = ("steps", "rows", "rows_trained", "rows_dropped", "rows_cut_before_last_edit", "trajectories",
+            "guided_trajectories", "groups", "first_loss", "final_loss", "final_token_accuracy", "final_reward_margin",
+            "final_reward_accuracy", "rows_truncated", "tokens_per_second", "tokens_per_second_excludes",
+            "forward_share", "seconds", "adapter")
 
 
 def run_dir(settings: HandholdSettings, context, stage: str) -> Path:

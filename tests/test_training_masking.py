@@ -12,6 +12,7 @@ from trl import DPOConfig, SFTConfig, SFTTrainer
 from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+from training.edits import last_edit_turn
 from training.masking import (
     AssistantOnlyDPOTrainer,
     AssistantOnlyPreferenceCollator,
@@ -181,6 +182,25 @@ def test_truncation_keeps_the_prompt_and_cuts_whole_turns(tokenizer, budget_end,
         assert out[f"{side}_mask"][-2:] == [1, 0] and tokenizer.decode(out[f"{side}_ids"][-2:]) == "<|im_end|>\n"
 
 
+@pytest.mark.parametrize(("swap", "budget_end", "dropped"), [
+    (False, 1, True),  # chosen keeps turn 1 (`ls`); its edit (`sed -i`, turn 2) is cut: the kept part fixed nothing
+    (False, 3, False),  # chosen keeps turns 1-2, the edit among them
+    (True, 2, False),  # chosen (the `rm -rf` side) keeps its edit, turn 1; the rejected side loses its edit: allowed
+])
+def test_a_row_whose_chosen_side_is_cut_before_its_last_edit_is_dropped(tokenizer, swap, budget_end, dropped):
+    assert (last_edit_turn(ROWS[0]["chosen"]), last_edit_turn(ROWS[0]["rejected"])) == (2, 1)
+    stored = dict(ROWS[0], chosen=ROWS[0]["rejected"], rejected=ROWS[0]["chosen"]) if swap else ROWS[0]
+    template_row = to_template_row(stored)
+    budget = rendered_length(tokenizer, template_row, "rejected" if swap else "chosen", budget_end)
+    out = tokenize_preference_row(stored, tokenizer, TruncationPolicy(max_length=budget),
+                                  training_chat_template(tokenizer))
+    kept = {side: expected_end(tokenizer, template_row, side, budget) for side in ("chosen", "rejected")}
+    # The chosen side is cut, and both keep a whole turn: the last-edit rule alone decides
+    assert None not in kept.values() and kept["chosen"] < len(template_row["chosen"])
+    assert out["dropped"] == out["chosen_cut_before_last_edit"] == dropped
+    assert (out["chosen_ids"] == []) == dropped
+
+
 def collate(tokenizer, rows, collator):
     template = training_chat_template(tokenizer)
     examples = [tokenize_preference_row(r, tokenizer, TruncationPolicy(max_length=None), template) for r in rows]
@@ -238,7 +258,9 @@ def test_dpo_training_step_with_assistant_only_masks(tiny_model, tokenizer, tmp_
     verbose = dict(ROWS[1], chosen=[*ROWS[1]["chosen"][:3],
                                     observation("c2", "exit code: 1\n" + "E   AssertionError\n" * 400),
                                     ROWS[1]["chosen"][4]])  # a long last observation: its turn is cut
-    dataset = Dataset.from_list([*ROWS, too_long, verbose])  # stored form: tools and arguments JSON strings
+    before_edit = dict(ROWS[0], chosen=[ROWS[0]["chosen"][0], observation("c1", "setup.py\n" * 600),
+                                        *ROWS[0]["chosen"][2:]])  # only turn 1 fits: its edit, turn 2, is cut
+    dataset = Dataset.from_list([*ROWS, too_long, verbose, before_edit])  # stored form: JSON strings
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     args = DPOConfig(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=3, learning_rate=5e-3,
                      max_length=None, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
@@ -246,7 +268,8 @@ def test_dpo_training_step_with_assistant_only_masks(tiny_model, tokenizer, tmp_
     trainer = AssistantOnlyDPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset,
                                       truncation=TruncationPolicy(max_length=1024))
     counts = trainer.truncation_counts["train"]
-    assert (counts["rows"], counts["dropped"], counts["truncated"]) == (4, 1, 1) and counts["cut_tokens"] > 800
+    assert (counts["rows"], counts["dropped"], counts["chosen_cut_before_last_edit"], counts["truncated"]) == \
+        (5, 2, 1, 1) and counts["cut_tokens"] > 800
     assert len(trainer.train_dataset) == 3
     batch = next(iter(trainer.get_train_dataloader()))
     scored = tokenizer.decode(batch["input_ids"][batch["completion_mask"].bool()])

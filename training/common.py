@@ -2,7 +2,10 @@
 
 A run folder holds `checkpoint/` (model or adapter, and tokenizer), `config.json` (the settings used,
 the starting model, the data), `metrics.jsonl` (one line per logged step), `summary.json` and
-`loss.png`. The Dagster assets read these whichever way the stage was launched.
+`loss.png`; under `trainer/`, the local files of the trackers `training.report_to` names (TensorBoard's
+`trainer/runs/*/events.out.tfevents.*`). The Dagster assets read these whichever way the stage was launched.
+A summary's `tokens_per_second` leaves out the first step (its warm-up: allocation, the first batches
+loaded) when there are two or more, as its `tokens_per_second_excludes` says.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import dataclasses
 import json
 import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +25,7 @@ from training.tiny_model import build_tiny_model
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 Reporter = Callable[[dict[str, Any]], None]
+ROW_IDS = ("instance_id", "rollout_id", "chosen_rollout_id", "rejected_rollout_id")  # what names a row in an error
 
 
 class TrainingDataError(ValueError):
@@ -131,9 +136,11 @@ def without_right_padding_mask(model):
     return model
 
 
-def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool) -> dict[str, Any]:
+def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool,
+                 report_to: tuple[str, ...] = ()) -> dict[str, Any]:
     """The TrainingArguments both TRL stages (SFTConfig, DPOConfig: `config_class`) take alike from their settings:
-    schedule, batch, precision, seed, checkpointing, one log line a step, no saving or reporting on the way."""
+    schedule, batch, precision, seed, checkpointing, one log line a step, no saving on the way, the trackers
+    `report_to` names (none when empty)."""
     # transformers 5.2x renamed gradient_checkpointing; pass whichever this version has, always: TRL's configs default
     # it to True, which recomputes every forward in the backward whatever `gradient_checkpointing: false` says
     names = {f.name for f in dataclasses.fields(config_class)}
@@ -146,8 +153,47 @@ def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool) -> di
         gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
         max_steps=config.max_steps, bf16=resolved_precision(config.precision) == "bf16",
         fp16=resolved_precision(config.precision) == "fp16",
-        seed=config.seed, **checkpointing, logging_steps=1, save_strategy="no", report_to=[], use_cpu=use_cpu,
+        seed=config.seed, **checkpointing, logging_steps=1, save_strategy="no", report_to=list(report_to),
+        use_cpu=use_cpu,
         include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+
+
+def step_clock():
+    """A TrainerCallback noting (monotonic seconds, input tokens seen) at the end of every optimizer step: `last`
+    the latest, `first` step 1's."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        first: tuple[float, int] | None = None
+        last: tuple[float, int] | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.last = (time.monotonic(), int(state.num_input_tokens_seen))
+            if state.global_step == 1:
+                self.first = self.last
+
+    return StepClock()
+
+
+def throughput(clock, tokens: int, seconds: float) -> dict[str, Any]:
+    """The summary's rate: tokens per second over the steps after the first when `clock` saw two or more (the
+    first step's time is warm-up, not throughput), else over the whole run (`tokens` in `seconds`)."""
+    timed = clock.first is not None and clock.last is not None and clock.last[0] > clock.first[0]
+    if timed:
+        tokens, seconds = clock.last[1] - clock.first[1], clock.last[0] - clock.first[0]
+    return {"tokens_per_second": round(tokens / seconds, 1) if seconds else None,
+            "tokens_per_second_excludes": "first step" if timed else "nothing",
+            "timed_tokens": int(tokens), "timed_seconds": round(seconds, 4)}
+
+
+def nothing_fits(stage: str, split, counts: dict[str, int], fix: str) -> TrainingDataError:
+    """The error for a split whose every row the turn-boundary cuts dropped: the counts, the longest row (its index
+    and ids in `split`) and its length, and `fix` (the settings to change)."""
+    index = counts["longest_row"]
+    ids = ", ".join(f"{column} {split[index][column]}" for column in ROW_IDS if column in split.column_names)
+    return TrainingDataError(
+        f"every one of {counts['rows']} {stage} rows was dropped by the cuts at assistant-turn ends ({counts}); "
+        f"the longest, row {index} ({ids or 'no ids'}), is {counts['longest_tokens']} tokens; {fix}")
 
 
 def lora_config(lora):

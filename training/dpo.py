@@ -5,8 +5,11 @@
 Rows come from the exported dataset folder's `dpo` train shard: the
 unguided prompt, a success as chosen and an unguided failure as rejected. Only the policy's own
 tokens (assistant text, tool-call text, end of turn) count in the log-ratios
-(`training.masking.AssistantOnlyDPOTrainer`). The run folder gets the checkpoint (the full
-model, or the LoRA adapter), the tokenizer, the settings used and the metrics of every step.
+(`training.masking.AssistantOnlyDPOTrainer`). Completions longer than `max_length` are cut at
+assistant-turn ends; a pair is dropped, and counted, when too few turns fit or its chosen side is cut before
+its last edit (`training.masking.TruncationPolicy`); a split whose every pair is dropped is refused before the
+first step, naming the longest row. The run folder gets the checkpoint (the full model, or the LoRA adapter),
+the tokenizer, the settings used and the metrics of every step.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, TrainingDataError, finish_run,
-                             fresh_run_dir, load_model, lora_config, read_split, resolved_precision, trainer_args)
+from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, finish_run,
+                             fresh_run_dir, load_model, lora_config, nothing_fits, read_split, resolved_precision,
+                             step_clock, throughput, trainer_args)
 from training.config import DPOTrainingConfig
 
 KEPT_METRICS = ("loss", "rewards/margins", "rewards/accuracies", "rewards/chosen", "rewards/rejected",
@@ -28,24 +32,26 @@ def load_rows(dataset_folder: str | Path, split: str = "train"):
     return read_split(dataset_folder, "dpo", split).select_columns(COLUMNS)
 
 
-def dpo_args(config: DPOTrainingConfig, out_dir: Path, use_cpu: bool):
+def dpo_args(config: DPOTrainingConfig, out_dir: Path, use_cpu: bool, report_to: tuple[str, ...] = ()):
     """TRL's DPOConfig for these settings (masking cuts turns itself, so TRL's max_length is None)."""
     from trl import DPOConfig
 
-    return DPOConfig(**trainer_args(DPOConfig, config, out_dir, use_cpu), beta=config.beta,
+    return DPOConfig(**trainer_args(DPOConfig, config, out_dir, use_cpu, report_to), beta=config.beta,
                      loss_type=[config.loss_type], precompute_ref_log_probs=config.precompute_ref_log_probs,
                      max_length=None)
 
 
 def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | Path, out_dir: str | Path,
-              report: Reporter | None = None) -> TrainResult:
-    """Train on the folder's `dpo` train split; write the run folder `out_dir` (emptied first)."""
+              report: Reporter | None = None, report_to: tuple[str, ...] = ()) -> TrainResult:
+    """Train on the folder's `dpo` train split; write the run folder `out_dir` (emptied first); also log to the
+    trackers `report_to` names."""
     import torch
     from transformers import AutoTokenizer, TrainerCallback
 
     from training.masking import AssistantOnlyDPOTrainer, TruncationPolicy
 
-    rows = load_rows(dataset_folder)
+    split = read_split(dataset_folder, "dpo")
+    rows = split.select_columns(COLUMNS)
     out = fresh_run_dir(out_dir)
     metrics = MetricsLog(out, report)
 
@@ -55,14 +61,17 @@ def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | 
                 metrics.add({"step": state.global_step, **{k: logs[k] for k in KEPT_METRICS if k in logs}})
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    clock = step_clock()
     trainer = AssistantOnlyDPOTrainer(
-        load_model(model_path, config.precision), args=dpo_args(config, out, not torch.cuda.is_available()),
-        processing_class=tokenizer, train_dataset=rows, peft_config=lora_config(config.lora), callbacks=[Metrics()],
+        load_model(model_path, config.precision),
+        args=dpo_args(config, out, not torch.cuda.is_available(), report_to), processing_class=tokenizer,
+        train_dataset=rows, peft_config=lora_config(config.lora), callbacks=[Metrics(), clock],
         truncation=TruncationPolicy(config.max_length, config.min_assistant_turns))
     kept = trainer.truncation_counts.get("train", {})
     if trainer.train_dataset.num_rows == 0:
-        raise TrainingDataError(f"every one of {rows.num_rows} DPO rows was dropped by the truncation policy "
-                                f"({kept}); raise training.dpo.max_length")
+        raise nothing_fits("DPO", split, kept, f"raise training.dpo.max_length above {config.max_length} "
+                                               f"({kept['longest_tokens']} keeps that row whole), or lower "
+                                               f"training.dpo.min_assistant_turns ({config.min_assistant_turns})")
     start = time.monotonic()
     output = trainer.train()
     seconds = time.monotonic() - start
@@ -72,11 +81,13 @@ def train_dpo(config: DPOTrainingConfig, model_path: str, dataset_folder: str | 
     history = metrics.rows
     summary = {
         "stage": "dpo", "starting_model": model_path, "dataset": str(dataset_folder), "rows": rows.num_rows,
-        "rows_trained": trainer.train_dataset.num_rows, "truncation": kept, "steps": trainer.state.global_step,
+        "rows_trained": trainer.train_dataset.num_rows, "truncation": kept,
+        "rows_cut_before_last_edit": kept["chosen_cut_before_last_edit"], "steps": trainer.state.global_step,
         "adapter": config.lora.enabled, "dtype": PRECISION_DTYPES[resolved_precision(config.precision)],
         "first_loss": history[0]["loss"] if history else None, "final_loss": history[-1]["loss"] if history else None,
         "final_reward_margin": history[-1].get("rewards/margins") if history else None,
         "final_reward_accuracy": history[-1].get("rewards/accuracies") if history else None,
         "train_loss": output.training_loss, "seconds": round(seconds, 2), "tokens": int(tokens),
-        "tokens_per_second": round(tokens / seconds, 1) if seconds else None}
-    return finish_run(out, {"stage": "dpo", "starting_model": model_path, "settings": config}, summary, history)
+        **throughput(clock, tokens, seconds)}
+    return finish_run(out, {"stage": "dpo", "starting_model": model_path, "settings": config, "report_to": report_to},
+                      summary, history)

@@ -27,10 +27,10 @@ def launch(context, config: TrainingConfig, stage: str, model: str, dataset: Pat
     if config.launcher == "in_process":
         from training.run import trainer
 
-        trainer(stage)(stage_config, model, dataset, out,
+        trainer(stage)(stage_config, model, dataset, out, report_to=config.report_to,
                        report=lambda row: context.log.info(f"{stage} step " + json.dumps(row)))
         return {}
-    spec = write_spec(stage_config, model, dataset, out)
+    spec = write_spec(stage_config, model, dataset, out, config.report_to)
     if config.launcher == "k8s":
         return run_in_pod(context, config, stage, spec, data)
     command = launch_command(config.launch_command) + ["training.run", stage, "--spec", str(spec)]
@@ -45,11 +45,12 @@ def launch_command(text: str) -> list[str]:
     return [sys.executable, *argv[1:]] if argv and argv[0] == "python" else argv
 
 
-def write_spec(stage_config, model: str, dataset: Path, out: Path) -> Path:
-    """The JSON file `training.run --spec` reads (settings, model, dataset, out), next to the run folder."""
+def write_spec(stage_config, model: str, dataset: Path, out: Path, report_to: tuple[str, ...] = ()) -> Path:
+    """The JSON file `training.run --spec` reads (settings, model, dataset, out, report_to), next to the run
+    folder."""
     spec = out.with_name(f"{out.name}.spec.json")
     spec.write_text(json.dumps({"settings": to_mapping(stage_config), "model": model, "dataset": str(dataset),
-                                "out": str(out)}))
+                                "out": str(out), "report_to": list(report_to)}))
     return spec
 
 

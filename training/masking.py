@@ -8,10 +8,13 @@ assistant's text, its tool-call text and its end-of-turn token. Tool observation
 context of later turns; they are never targets.
 
 Truncation policy (TruncationPolicy): the prompt (system + task) is kept whole; each completion is cut
-from its end at an assistant-turn boundary, to the longest prefix that fits `max_length` with the prompt;
-a row is dropped when fewer than `min_assistant_turns` whole assistant turns of its chosen or of its
-rejected side fit (this covers a prompt that alone fills the budget). Cut tokens, truncated and dropped
-rows are counted per dataset in `AssistantOnlyDPOTrainer.truncation_counts`.
+from its end at an assistant-turn boundary, to the longest prefix that fits `max_length` with the prompt
+(`fit_turns`, which the SFT stage cuts its conversations with too); a row is dropped when fewer than
+`min_assistant_turns` whole assistant turns of its chosen or of its rejected side fit (this covers a prompt
+that alone fills the budget), or when its chosen side is cut before its last edit
+(`training.edits.keeps_last_edit`: the kept part never made the fix, so it is no success to prefer). The
+rejected side may be cut anywhere: a failure cut short is still a failure. Cut tokens, truncated and dropped
+rows, and the longest row, are counted per dataset in `AssistantOnlyDPOTrainer.truncation_counts`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import bisect
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from datasets import Dataset
@@ -31,6 +34,7 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference
 from trl.trainer.utils import global_then_local_main_first, pad
 
 from training.common import without_right_padding_mask
+from training.edits import keeps_last_edit
 from training.tokens import end_of_turn_ids
 
 logger = logging.getLogger(__name__)
@@ -140,38 +144,58 @@ def sampled_spans(ids: list[int], mask: list[int], generation: list[int], ends: 
 
 def tokenize_preference_row(row: dict[str, Any], tokenizer, policy: TruncationPolicy,
                             chat_template: str) -> dict[str, Any]:
-    """A stored row as prompt_ids, {side}_ids, {side}_mask (1: assistant), {side}_cut_tokens, dropped."""
+    """A stored row as prompt_ids, {side}_ids, {side}_mask (1: assistant), {side}_cut_tokens, {side}_tokens
+    (uncut), dropped, and chosen_cut_before_last_edit (dropped for that alone)."""
     row = to_template_row(row)
     prompt, tools = row["prompt"], row.get("tools")
     prompt_ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=chat_template, tokenize=True,
                                                return_dict=True, add_generation_prompt=True)["input_ids"]
-    sides = {side: _fit(tokenizer, prompt, row[side], tools, chat_template, policy) for side in SIDES}
-    dropped = any(turns < policy.min_assistant_turns for _, _, turns, _ in sides.values())
+    sides = {side: fit_turns(tokenizer, prompt, row[side], tools, chat_template, policy.max_length) for side in SIDES}
+    too_short = any(fit.turns < policy.min_assistant_turns for fit in sides.values())
+    cut_before_edit = not too_short and not keeps_last_edit(row["chosen"], sides["chosen"].turns)
+    dropped = too_short or cut_before_edit
     # As TRL does: the completion starts where prompt and prompt+completion tokenizations diverge
-    prompt_len = min(common_prefix_length(prompt_ids, ids) for ids, _, _, _ in sides.values())
-    out = {"prompt_ids": [] if dropped else list(prompt_ids[:prompt_len]), "dropped": dropped}
-    for side, (ids, mask, _, cut) in sides.items():
-        out[f"{side}_ids"] = [] if dropped else ids[prompt_len:]
-        out[f"{side}_mask"] = [] if dropped else mask[prompt_len:]
-        out[f"{side}_cut_tokens"] = cut
+    prompt_len = min(common_prefix_length(prompt_ids, fit.ids) for fit in sides.values())
+    out = {"prompt_ids": [] if dropped else list(prompt_ids[:prompt_len]), "dropped": dropped,
+           "chosen_cut_before_last_edit": cut_before_edit}
+    for side, fit in sides.items():
+        out[f"{side}_ids"] = [] if dropped else fit.ids[prompt_len:]
+        out[f"{side}_mask"] = [] if dropped else fit.mask[prompt_len:]
+        out[f"{side}_cut_tokens"] = fit.cut
+        out[f"{side}_tokens"] = fit.tokens
     return out
 
 
-def _fit(tokenizer, prompt, completion, tools, chat_template, policy) -> tuple[list, list, int, int]:
-    """(ids, mask, assistant turns kept, tokens cut): `completion` cut at the last assistant turn that fits."""
+class Fit(NamedTuple):
+    """A conversation cut at an assistant-turn end (`fit_turns`)."""
+
+    ids: list[int]
+    mask: list[int]
+    turns: int
+    """Whole assistant turns of the completion kept."""
+    cut: int
+    """Tokens cut off its end."""
+    tokens: int
+    """Tokens of the whole conversation, uncut."""
+
+
+def fit_turns(tokenizer, prompt: list[dict], completion: list[dict], tools, chat_template: str | None,
+              max_length: int | None) -> Fit:
+    """`prompt` + `completion` rendered and masked, the completion cut after its last assistant turn that fits
+    `max_length` (None: no cut); no turn fitting: empty ids, 0 turns."""
     def render(end: int) -> tuple[list[int], list[int]]:
         return assistant_token_mask(tokenizer, prompt + completion[:end], tools, chat_template)
 
     ends = [i + 1 for i, message in enumerate(completion) if message["role"] == "assistant"]
     ids, mask = render(len(completion))
-    if policy.max_length is None or len(ids) <= policy.max_length:
-        return ids, mask, len(ends), 0
+    if max_length is None or len(ids) <= max_length:
+        return Fit(ids, mask, len(ends), 0, len(ids))
     # Rendered length grows with the cut point, so bisect the assistant-turn ends for the last that fits
-    fits = bisect.bisect_right(ends, policy.max_length, key=lambda end: len(render(end)[0]))
+    fits = bisect.bisect_right(ends, max_length, key=lambda end: len(render(end)[0]))
     if fits == 0:
-        return [], [], 0, len(ids)
+        return Fit([], [], 0, len(ids), len(ids))
     kept_ids, kept_mask = render(ends[fits - 1])
-    return kept_ids, kept_mask, fits, len(ids) - len(kept_ids)
+    return Fit(kept_ids, kept_mask, fits, len(ids) - len(kept_ids), len(ids))
 
 
 @dataclass
@@ -241,9 +265,14 @@ class AssistantOnlyDPOTrainer(DPOTrainer):
 
 
 def truncation_counts(tokenized: Dataset) -> dict[str, int]:
-    """Rows, dropped rows, kept rows that lost tokens, and tokens cut from kept rows."""
+    """Rows, dropped rows (and of those, chosen sides cut before their last edit), kept rows that lost tokens,
+    tokens cut from kept rows, and the longest row (its index and tokens, prompt with its longer side uncut)."""
     dropped = tokenized["dropped"]
     cuts = [c + r for c, r in zip(tokenized["chosen_cut_tokens"], tokenized["rejected_cut_tokens"])]
     kept_cuts = [cut for cut, gone in zip(cuts, dropped) if not gone]
-    return {"rows": len(dropped), "dropped": sum(dropped), "truncated": sum(cut > 0 for cut in kept_cuts),
-            "cut_tokens": sum(kept_cuts)}
+    lengths = [max(c, r) for c, r in zip(tokenized["chosen_tokens"], tokenized["rejected_tokens"])]
+    longest = max(range(len(lengths)), key=lengths.__getitem__, default=-1)
+    return {"rows": len(dropped), "dropped": sum(dropped),
+            "chosen_cut_before_last_edit": sum(tokenized["chosen_cut_before_last_edit"]),
+            "truncated": sum(cut > 0 for cut in kept_cuts), "cut_tokens": sum(kept_cuts),
+            "longest_row": longest, "longest_tokens": lengths[longest] if lengths else 0}

@@ -2,10 +2,10 @@
 
 The asset launches it (`training.launcher: pipes`, or `k8s` in a pod), directly or through `accelerate launch ... -m
 training.run <stage>`, with the stage's settings, the starting model, the dataset folder and the run
-folder. Every logged step goes to the asset's logs; the run's summary comes back
-as the asset's materialization metadata. Under several processes only rank 0 talks to Dagster. The
-settings travel in a JSON file (`--spec`), so every rank reads them, and the module runs without
-Dagster too.
+folder, and the experiment trackers to log to (`training.report_to`). Every logged step goes to the asset's
+logs; the run's summary comes back as the asset's materialization metadata. Under several processes only rank 0
+talks to Dagster. The settings travel in a JSON file (`--spec`), so every rank reads them, and the module runs
+without Dagster too.
 """
 
 from __future__ import annotations
@@ -45,16 +45,17 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m training.run", description=__doc__.split("\n")[0])
     parser.add_argument("stage", choices=sorted(STAGES))
-    parser.add_argument("--spec", required=True, help="JSON file: settings, model, dataset, out")
+    parser.add_argument("--spec", required=True, help="JSON file: settings, model, dataset, out, report_to")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
     config = from_mapping(STAGES[args.stage], spec["settings"], f"training.{args.stage} in {args.spec}")
     train = trainer(args.stage)
+    report_to = tuple(spec.get("report_to", ()))
     if os.environ.get("RANK", "0") != "0" or not PipesEnvVarParamsLoader().is_dagster_pipes_process():
-        train(config, spec["model"], spec["dataset"], spec["out"])
+        train(config, spec["model"], spec["dataset"], spec["out"], report_to=report_to)
         return 0
     with open_dagster_pipes() as pipes:
-        result = train(config, spec["model"], spec["dataset"], spec["out"],
+        result = train(config, spec["model"], spec["dataset"], spec["out"], report_to=report_to,
                        report=lambda row: pipes.log.info(f"{args.stage} step " + json.dumps(row)))
         pipes.report_asset_materialization(metadata={
             k: v for k, v in result.summary.items() if isinstance(v, (int, float, str, bool))})
