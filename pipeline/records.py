@@ -169,7 +169,7 @@ class GuidancePlan:
 GUIDANCE_PLAN_SCHEMA = record_schema(fields_of(GuidancePlan), "3", "GuidancePlan")  # 3: the teacher's tokens
 
 
-TRAJECTORY_SCHEMA_VERSION = "3"  # 3: reasoning in messages, per-turn token ids, the policy's identity
+TRAJECTORY_SCHEMA_VERSION = "4"  # 3: reasoning in messages, per-turn token ids, the policy's identity; 4: its sampling
 MESSAGE_COLUMNS = ("prompt", "unguided_prompt", "messages")
 
 
@@ -244,6 +244,12 @@ class Trajectory:
     """Hub commit or 'sha256:<hex>' of the weights that sampled the turns; '' when unknown."""
     chat_template_hash: str = ""
     """sha256 of the chat template that rendered the turns' prompts; '' when unknown."""
+    temperature: float = -1.0
+    """Temperature the turns were sampled at (PolicyIdentity's): 0.0 greedy (the heuristic too); -1.0 unknown."""
+    top_p: float = -1.0
+    """Top-p the turns were sampled with: 1.0 off; -1.0 unknown (not sent: the server's default applied)."""
+    top_k: int = -1
+    """Top-k the turns were sampled with: 0 off; -1 unknown (not sent: the server's default applied)."""
 
     def to_row(self) -> dict[str, Any]:
         row = dataclasses.asdict(self)

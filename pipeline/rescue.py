@@ -66,13 +66,20 @@ class GuidanceConfig:
             raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(GUIDANCE_KINDS)}")
 
 
+def succeeded(traj: Trajectory, delta: float) -> bool:
+    """An attempt counts as a success: reward above δ, and no infra fault. A group with none failed (and gets
+    guidance); a probe that is one decides its search step."""
+    return traj.reward > delta and not traj.infra_error
+
+
 def failed_groups(trajectories: list[Trajectory], delta: float) -> dict[str, list[Trajectory]]:
-    """Unguided groups whose best reward (over attempts that were not infra faults) is at most δ."""
+    """Unguided groups (over attempts that were not infra faults) none of whose attempts `succeeded`: best reward
+    at most δ."""
     groups: dict[str, list[Trajectory]] = {}
     for t in trajectories:
         if not t.infra_error:
             groups.setdefault(t.instance_id, []).append(t)
-    return {k: v for k, v in groups.items() if max(t.reward for t in v) <= delta}
+    return {k: v for k, v in groups.items() if not any(succeeded(t, delta) for t in v)}
 
 
 def teacher_client(config: GuidanceConfig, api_key: str | None = None) -> Policy | None:
@@ -150,7 +157,7 @@ def _action_plan(task: Task, successes: list[Trajectory], imported: dict[str, li
     actions, source = reference_actions(task, successes, imported, config.action_source)
     if not actions:
         return GuidancePlan(iid, "action", "", "", accepted=False, reason="no reference actions")
-    probe = _prober(task, actions, policy, rollout, out, batch, sandboxes)
+    probe = _prober(task, actions, policy, rollout, out, batch, config.delta, sandboxes)
     found = min_guidance_prefix(len(actions), probe, config.probes_per_step, config.max_search_steps)
     linear = linear_prefix(len(actions), probe, config.probes_per_step) if config.compare_linear else None
     text = action_hint(actions, found.k_star)
@@ -171,16 +178,17 @@ def probe_job(task: Task, actions: list[dict], k: int, i: int, policy: Policy, r
 
 
 def _prober(task: Task, actions: list[dict], policy: Policy, rollout: RolloutConfig, out: Path, batch: str,
-            sandboxes: SandboxFactory = task_sandbox):
-    """probe(k, i): one attempt with a k-action hint, stored; identical (k, i) probes are run once."""
+            delta: float, sandboxes: SandboxFactory = task_sandbox):
+    """probe(k, i): whether one attempt with a k-action hint, stored, `succeeded` (reward above `delta`, the bar
+    its group failed); identical (k, i) probes are run once."""
     single = dataclasses.replace(rollout, workers=1)
 
     def probe(k: int, i: int) -> bool:
         job = probe_job(task, actions, k, i, policy, rollout, batch)
         (traj,) = run_batch([job], policy, single, out, probe_batch(batch), progress=log.debug,
                             sandboxes=sandboxes).trajectories
-        log.info("probe %s k=%d #%d: reward %.0f", task.instance_id, k, i, traj.reward)
-        return traj.reward > 0 and not traj.infra_error
+        log.info("probe %s k=%d #%d: reward %g", task.instance_id, k, i, traj.reward)
+        return succeeded(traj, delta)
 
     return probe
 

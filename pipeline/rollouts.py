@@ -24,7 +24,7 @@ import docker.errors
 import pyarrow as pa
 
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
-from pipeline.agent.policy import Policy
+from pipeline.agent.policy import Policy, PolicyIdentity
 from pipeline.batch_metrics import BatchSummary, Progress
 from pipeline.guidance.references import quotes_guidance
 from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
@@ -249,7 +249,8 @@ def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None,
 
 NO_ATTEMPT = dict(prompt=(), unguided_prompt=(), messages=(), tools="[]", steps=(), logprobs=None, patch="",
                   format_errors=0, total_tokens=0, wall_time=0.0, quotes_guidance=False, prompt_token_ids=None,
-                  token_ids=None, policy_model="", policy_revision="", chat_template_hash="")
+                  token_ids=None, policy_model="", policy_revision="", chat_template_hash="", temperature=-1.0,
+                  top_p=-1.0, top_k=-1)
 """A trajectory's attempt fields when no attempt ran (the sandbox failed first)."""
 NO_GRADE = dict(reward=0.0, resolved=False, grade_reason="", report="{}", test_log="", dropped_files=(),
                 enforcement=(), suspicious=(), grade_time=0.0)
@@ -257,14 +258,15 @@ NO_GRADE = dict(reward=0.0, resolved=False, grade_reason="", report="{}", test_l
 
 
 def _attempt_fields(a: Attempt, hint: str, quote_ngram: int) -> dict:
-    identity = a.identity
+    identity = a.identity or PolicyIdentity("")  # a policy that cannot say: every field unknown
     return dict(prompt=a.prompt, unguided_prompt=a.unguided_prompt, messages=a.messages,
                 tools=json.dumps(list(a.tools)), steps=a.steps, logprobs=_per_turn(a, "logprobs"), patch=a.patch, format_errors=a.format_errors,
                 total_tokens=a.total_tokens, wall_time=a.wall_time,
                 quotes_guidance=bool(hint and quotes_guidance(a.messages, hint, quote_ngram)),
                 prompt_token_ids=_per_turn(a, "prompt_token_ids"), token_ids=_per_turn(a, "token_ids"),
-                policy_model=identity.model if identity else "", policy_revision=identity.revision if identity else "",
-                chat_template_hash=identity.chat_template_hash if identity else "")
+                policy_model=identity.model, policy_revision=identity.revision,
+                chat_template_hash=identity.chat_template_hash, temperature=identity.temperature,
+                top_p=identity.top_p, top_k=identity.top_k)
 
 
 def _grade_fields(v: Grade, infra: str) -> dict:

@@ -16,11 +16,12 @@ import pytest
 from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SCHEMAS, SFT_SCHEMA, BadTrajectoryFile, DatasetConfig,
                                GuidanceLeakError, arguments_as_objects, build_rows, dataset_files, read_dataset,
                                task_split, update_datasets)
+from pipeline.agent.identity import sampling_refusal
 from pipeline.datasets import build
 from pipeline.datasets.files import read_trajectories
 from pipeline.datasets.formats import CALLS, mentions, row_text
 from pipeline.datasets.splits import content_hashes
-from pipeline.layout import Layout
+from pipeline.layout import Layout, probe_batch
 from pipeline.record_parts import Action
 from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Trajectory
 from pipeline.schema import record_schema
@@ -250,7 +251,8 @@ def test_actguide_rows_hold_the_whole_group_with_log_probs_and_both_prompts():
     actions = (Action("bash", '{"command": "grep -n add pkg"}'), Action("edit", '{"path": "pkg/add.py"}'),
                Action("submit", "{}"))
     guided = [traj(f"a{i}", kind="action", reward=float(i), sample=i, guidance_actions=actions, guidance_k=1,
-                   group_id="ga", logprobs=((-0.5, -0.25), None)) for i in range(2)]
+                   group_id="ga", logprobs=((-0.5, -0.25), None), temperature=1.0, top_p=1.0 - i / 10, top_k=0)
+              for i in range(2)]
     probe = traj("p0", kind="action", reward=1.0, batch="b1-probes", guidance_actions=actions, guidance_k=2)
     rows = build_rows(TASK_T1[:2] + guided + [probe], DatasetConfig())  # u0, u1 failed: a rescued group
     (row,) = rows.actguide.iter_rows(named=True)
@@ -262,6 +264,40 @@ def test_actguide_rows_hold_the_whole_group_with_log_probs_and_both_prompts():
     assert row["trajectories"][3]["logprobs"] == [[-0.5, -0.25], None] and row["trajectories"][0]["logprobs"] is None
     assert (row["group_id"], row["batch"]) == ("ga", "b1")
     assert "p0" in rows.sft["rollout_id"]  # probes are guided successes, never group members
+    settings = [(m["temperature"], m["top_p"], m["top_k"]) for m in row["trajectories"]]
+    assert settings == [(-1.0, -1.0, -1), (-1.0, -1.0, -1), (1.0, 1.0, 0), (1.0, 0.9, 0)]
+    assert [bool(sampling_refusal(m)) for m in row["trajectories"]] == [True, True, False, True]
+
+
+def test_probe_successes_pass_the_guidance_checks_before_they_become_chosen_rows():
+    """Probes (stored under the probe batch) are chosen and SFT rows, never ActGuide members: the checks apply."""
+    actions = (Action("submit", "{}"),)
+    said = completion("p0") + ({"role": "assistant", "content": "Following the reference action. I submit."},)
+    probes = [traj(f"p{i}", kind="action", reward=1.0, sample=i, batch=probe_batch("b1"), guidance_actions=actions,
+                   guidance_k=1, **({"messages": (SYSTEM, {"role": "user", "content": f"{ISSUE} (t1)\n\n{HINT}"})
+                                                  + said} if i == 0 else {})) for i in range(2)]
+    rows = build_rows([traj("u0")] + probes, DatasetConfig())
+    assert rows.sft["rollout_id"].to_list() == ["p1"] and pairs(rows) == [("t1", "p1", "u0", "guided:action")]
+    assert rows.dropped["refers_to_guidance"] == rows.checks["references_dropped.action"] == 1
+    assert rows.actguide.height == 0  # no unguided success, but probes are no group: no rescued group either
+    rewritten = build_rows([traj("u0")] + probes, DatasetConfig(guidance_references="rewrite"))
+    row = rewritten.sft.filter(pl.col("rollout_id") == "p0").row(0, named=True)
+    assert row["messages"][-1]["content"] == "I submit." and json.loads(row["rewrites"])[0]["removed"] == 1
+
+
+def test_a_rewritten_actguide_member_keeps_no_log_probs_of_the_text_it_no_longer_is():
+    actions = (Action("submit", "{}"),)
+    said = completion("a0") + ({"role": "assistant", "content": "Following the reference action. I submit."},)
+    fixed = traj("a0", kind="action", reward=1.0, guidance_actions=actions, guidance_k=1,
+                 messages=(SYSTEM, {"role": "user", "content": f"{ISSUE} (t1)\n\n{HINT}"}) + said,
+                 logprobs=((-0.5,), (-0.25,), (-0.125,)), prompt_token_ids=((1,), (2,), (3,)),
+                 token_ids=((4,), (5,), (6,)))
+    rows = build_rows([traj("u0"), fixed], DatasetConfig(guidance_references="rewrite"))
+    (member,) = [m for m in rows.actguide["trajectories"][0] if m["sampled_under"] == "guided"]
+    assert member["completion"][-1]["content"] == "I submit." and json.loads(member["rewrites"])[0]["removed"] == 1
+    assert (member["logprobs"], member["prompt_token_ids"], member["token_ids"]) == (None, None, None)
+    dropped = build_rows([traj("u0"), fixed], DatasetConfig())
+    assert dropped.actguide.height == 0 and dropped.dropped["actguide.rescued_lost_to_guidance_checks"] == 1
 
 
 def test_length_limits_drop_and_count():

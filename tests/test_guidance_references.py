@@ -169,7 +169,7 @@ def test_chosen_rows_never_refer_to_guidance_nor_come_ungrounded_by_default(guid
     assert (rows.dropped["refers_to_guidance"], rows.dropped["ungrounded"]) == (1, 1)
     assert rows.checks == {"references_dropped.plan": 0, "ungrounded_left_out.plan": 1, "hint_has_gold.plan": 1,
                            "references_dropped.action": 1, "ungrounded_left_out.action": 0,
-                           "hint_has_gold.action": 2}
+                           "hint_has_gold.action": 2, "actguide_groups_lost": 0}
     assert rows.dpo["chosen_hint_has_gold"].to_list() == [True] and rows.sft["rewrites"].to_list() == ["[]"]
     trajectories = pl.DataFrame({"rollout_id": [t.rollout_id for t in guided_batch],
                                  "guidance_text": [t.guidance_text for t in guided_batch]})
@@ -198,6 +198,42 @@ def test_settings_keep_ungrounded_successes_and_rewrite_referring_prose(guided_b
     assert rows_referring_to_guidance(unrewritten, trajectories) == [parrot.rollout_id]  # what the check fails on
 
 
+def members(rows) -> list[tuple[str, str]]:
+    return [(m["rollout_id"], m["sampled_under"]) for row in rows.actguide.iter_rows(named=True)
+            for m in row["trajectories"]]
+
+
+def test_actguide_members_pass_the_checks_chosen_rows_pass(guided_batch):
+    """The parrot's and the heuristic's action-guided successes share one rescued group; the parrot's prose refers
+    to its guidance, so it is no member, as it is no chosen row; alone, its group is no row and is counted."""
+    idle, planned, heuristic, parrot = guided_batch
+    rows = build_rows(guided_batch, DatasetConfig(), gold={"calc__1": GOLD})
+    assert members(rows) == [(idle.rollout_id, "unguided"), (heuristic.rollout_id, "guided")]
+    assert (rows.dropped["actguide.refers_to_guidance"], rows.dropped["actguide.ungrounded"]) == (1, 0)
+    assert rows.dropped["actguide.rescued_lost_to_guidance_checks"] == 0
+    alone = build_rows([idle, parrot], DatasetConfig(), gold={"calc__1": GOLD})
+    assert alone.actguide.height == 0 and alone.dpo.height == 0 and alone.sft.height == 0
+    assert alone.dropped["actguide.rescued_lost_to_guidance_checks"] == alone.checks["actguide_groups_lost"] == 1
+    assert alone.groups == {"mixed": 0, "rescued": 0, "zero_advantage": 1}
+    plain = tuple({**m, "content": "Next step."} if m.get("content") == "Following the reference action." else m
+                  for m in parrot.messages)  # the same attempt without the referring prose
+    kept = build_rows([idle, dataclasses.replace(parrot, messages=plain)], DatasetConfig(), gold={"calc__1": GOLD})
+    assert members(kept) == [(idle.rollout_id, "unguided"), (parrot.rollout_id, "guided")]
+
+
+def test_a_rewritten_actguide_member_takes_the_chosen_rows_rewrite(guided_batch):
+    idle, planned, heuristic, parrot = guided_batch
+    rows = build_rows([idle, parrot], DatasetConfig(guidance_references="rewrite"), gold={"calc__1": GOLD})
+    (member,) = [m for m in rows.actguide["trajectories"][0] if m["sampled_under"] == "guided"]
+    (sft,) = rows.sft.iter_rows(named=True)
+    assert member["rollout_id"] == sft["rollout_id"] == parrot.rollout_id
+    assert member["completion"] == sft["messages"][len(parrot.unguided_prompt):]
+    assert member["rewrites"] == sft["rewrites"] != "[]" and rows.checks["actguide_groups_lost"] == 0
+    said = [m["content"] for m in member["completion"] if m["role"] == "assistant"]
+    assert "Following the reference action." not in said and said[3] == "Run the test suite to see what fails."
+    assert (member["temperature"], member["top_p"], member["top_k"]) == (0.0, 1.0, 0)  # the heuristic: greedy
+
+
 def test_the_card_counts_checks_per_kind_and_the_share_of_chosen_rows_from_gold_hints(guided_batch):
     rows = build_rows(guided_batch, DatasetConfig(), gold={"calc__1": GOLD})
     splits = split_tables({"dpo": rows.dpo, "sft": rows.sft})
@@ -208,3 +244,7 @@ def test_the_card_counts_checks_per_kind_and_the_share_of_chosen_rows_from_gold_
             "|---|---|---|---|\n| action | 1 | 0 | 2 |\n| plan | 0 | 1 | 1 |") in section
     assert "Chosen rows of `dpo` from a hint holding gold lines: 1 of 1 (100.0%)." in section
     assert "Chosen rows of `sft` from a hint holding gold lines: 1 of 1 (100.0%)." in section
+    assert "Rescued ActGuide groups whose every guided success failed these checks (no row): 0." in section
+    lost = build_rows([guided_batch[0], guided_batch[3]], DatasetConfig(), gold={"calc__1": GOLD})
+    card = render_card(CardInfo("t", run_id="r", checks=lost.checks), {}, {"dpo": {}}, None, {"dpo": {}})
+    assert "Rescued ActGuide groups whose every guided success failed these checks (no row): 1." in card

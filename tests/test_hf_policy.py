@@ -161,3 +161,13 @@ def test_reasoning_is_split_off_as_qwen3_templates_split_it():
 
     assert split_reasoning("<think>\nadd subtracts\n</think>\n\nFixing.") == ("add subtracts", "Fixing.")
     assert split_reasoning("Fixing.") == (None, "Fixing.")
+
+
+@pytest.mark.parametrize("settings,stored", [
+    ({}, (1.0, 1.0, 0)),  # sampled at temperature 1 with top-p and top-k off: what the raw log-probs describe
+    ({"temperature": 0.7, "top_p": 0.9}, (0.7, 0.9, 0)),
+    ({"temperature": 0.0}, (0.0, 1.0, 0)),  # greedy
+])
+def test_the_identity_holds_the_sampling_settings_generate_uses(tiny_model, settings, stored):
+    identity = policy(tiny_model, **settings).act(CHAT, [], seed=1).identity
+    assert (identity.temperature, identity.top_p, identity.top_k) == stored

@@ -58,6 +58,36 @@ def test_openai_text_reply_sends_sampling_settings_seed_and_key():
     assert not server.errors
 
 
+@pytest.mark.parametrize("settings,sent_top_k,stored", [
+    (dict(temperature=0.7, top_p=0.9), None, (0.7, 0.9, -1)),  # top-k not sent: the server's default, unknown
+    (dict(top_k=-1), -1, (1.0, 1.0, 0)),  # vLLM's 'off' is stored as 0
+    (dict(top_k=0), 0, (1.0, 1.0, 0)),  # llama.cpp's 'off'
+    (dict(temperature=0.0, top_k=20), 20, (0.0, 1.0, 20)),
+])
+def test_openai_identity_holds_the_sampling_settings_it_sent(settings, sent_top_k, stored):
+    server = OpenAIServer(["ok"])
+    with server as base_url:
+        turn = openai_policy(base_url, request_logprobs=True, **settings).act(CHAT, [])
+    identity, request = turn.identity, server.requests[0]
+    assert (identity.temperature, identity.top_p, identity.top_k) == stored
+    assert (request["temperature"], request["top_p"]) == stored[:2] and request.get("top_k") == sent_top_k
+    assert request["return_token_ids"] is True  # the other extra parameters still go
+
+
+@pytest.mark.parametrize("temperature,stored", [(None, -1.0), (0.2, 0.2)])
+def test_anthropic_identity_holds_what_it_sent_and_unknown_for_the_rest(temperature, stored):
+    with AnthropicServer(["ok"]) as base_url:
+        identity = anthropic_policy(base_url, temperature=temperature).act(CHAT, []).identity
+    assert (identity.model, identity.temperature, identity.top_p, identity.top_k) == ("claude-test", stored, -1.0, -1)
+
+
+def test_the_heuristic_is_stored_as_greedy():
+    from pipeline.agent.heuristic import HeuristicPolicy
+
+    identity = HeuristicPolicy().act(CHAT, []).identity
+    assert (identity.model, identity.temperature, identity.top_p, identity.top_k) == ("", 0.0, 1.0, 0)
+
+
 def test_openai_tool_call_arguments_round_trip_as_json_strings():
     server = OpenAIServer([Reply(text="Searching.", tool_calls=(ToolCall("bash", ARGS, id="call_a"),
                                                                ToolCall("bash", {"cmd": "ls"})))])
@@ -348,3 +378,31 @@ def test_anthropic_thinking_is_kept_as_reasoning():
         turn = anthropic_policy(base_url).act(CHAT, [])
     assert turn.message == {"role": "assistant", "content": "Fixing.", "reasoning_content": "add subtracts."}
     assert turn.identity.model == "claude-test" and turn.token_ids is None
+
+
+FIX = "set training.actguide.behaviour_logprobs: recompute, or sample at temperature 1 and top-p 1 with top-k off"
+WRONG = ("its log-probs are the raw distribution's at temperature 1 before top-p and top-k, not the one it sampled "
+         "from, so a ratio against them is wrong")
+UNKNOWN = "its sampling settings are not all known, so its log-probs cannot be shown to be those it sampled from"
+GREEDY = ("it was decoded greedily (temperature 0): its tokens had probability 1 under the policy that chose them, "
+          "so a ratio against the raw log-probs is undefined")
+
+
+@pytest.mark.parametrize("settings,shown,why", [
+    ((1.0, 1.0, 0), None, None),
+    ((0.7, 1.0, 0), "temperature 0.7, top-p 1, top-k off", WRONG),
+    ((1.0, 0.95, 0), "temperature 1, top-p 0.95, top-k off", WRONG),
+    ((1.0, 1.0, 20), "temperature 1, top-p 1, top-k 20", WRONG),
+    ((1.0, 1.0, -1), "temperature 1, top-p 1, top-k unknown", UNKNOWN),  # not sent: the server's default
+    ((-1.0, 1.0, 0), "temperature unknown, top-p 1, top-k off", UNKNOWN),
+    ((1.0, -1.0, 0), "temperature 1, top-p unknown, top-k off", UNKNOWN),
+    ((0.0, 1.0, 0), "temperature 0, top-p 1, top-k off", GREEDY),
+    ((0.0, -1.0, -1), "temperature 0, top-p unknown, top-k unknown", GREEDY),
+    ((None, None, None), "temperature unknown, top-p unknown, top-k unknown", UNKNOWN),  # a member without them
+])
+def test_stored_log_probs_are_behaviour_log_probs_only_at_temperature_1_top_p_1_top_k_off(settings, shown, why):
+    from pipeline.agent.identity import sampling_refusal
+
+    member = {"rollout_id": "r7", **dict(zip(("temperature", "top_p", "top_k"), settings))}
+    expected = f"trajectory r7 was sampled at {shown}: {why}; {FIX}" if why else ""
+    assert sampling_refusal(member) == expected

@@ -37,7 +37,8 @@ TRAJECTORY = Trajectory(
     enforcement=("restored tests/test_a.py",), suspicious=("os._exit in pkg/a.py",), exit_status="submitted",
     infra_error="", error="", infra_retries=1, format_errors=2, total_tokens=26, wall_time=3.5, grade_time=1.5,
     quotes_guidance=False, created_at="2026-11-30T00:00:00Z", prompt_token_ids=((5, 6, 7), None),
-    token_ids=((8, 9), None), policy_model="hf:tiny", policy_revision="sha256:ab", chat_template_hash="cd")
+    token_ids=((8, 9), None), policy_model="hf:tiny", policy_revision="sha256:ab", chat_template_hash="cd",
+    temperature=0.7, top_p=0.95, top_k=20)
 
 RECORDS = [
     (TASK, TASK_SCHEMA),
@@ -89,7 +90,7 @@ def test_an_older_version_names_the_asset_to_rematerialize(tmp_path):
     write_rows(path, [TRAJECTORY.to_row()], older(TRAJECTORY_SCHEMA, "1"))
     with pytest.raises(RecordContractError) as info:
         read_records(path, TRAJECTORY_SCHEMA, produced_by="unguided_rollouts", batch="2026-11-30")
-    assert str(info.value) == (f"{path} holds Trajectory schema 1, this version reads 3: "
+    assert str(info.value) == (f"{path} holds Trajectory schema 1, this version reads 4: "
                                "rematerialize unguided_rollouts for batch 2026-11-30")
 
 
@@ -98,7 +99,7 @@ def test_another_record_kind_names_the_asset_to_rematerialize(tmp_path):
     write_rows(path, [TRAJECTORY.to_row()], TRAJECTORY_SCHEMA)
     with pytest.raises(RecordContractError) as info:
         read_records(path, GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch="b")
-    assert str(info.value) == (f"{path} holds Trajectory schema 3, this version reads GuidancePlan schema 3 there: "
+    assert str(info.value) == (f"{path} holds Trajectory schema 4, this version reads GuidancePlan schema 3 there: "
                                "rematerialize guidance for batch b")
 
 
@@ -132,7 +133,7 @@ def test_a_batch_stored_under_an_older_contract_is_set_aside_and_rerun(tmp_path)
     summary = run_batch([], None, RolloutConfig(), out, "u", progress=said.append)  # type: ignore[arg-type]
     (aside,) = out.glob("stale-*")
     assert [p.name for p in aside.iterdir()] == ["trajectories.parquet"]
-    assert said == [f"{out / 'trajectories.parquet'} holds Trajectory schema 1, this version reads 3: rewrite it "
+    assert said == [f"{out / 'trajectories.parquet'} holds Trajectory schema 1, this version reads 4: rewrite it "
                     f"with this version; moved its stored attempts to {aside} and running the whole batch"]
     assert summary.trajectories == [] and read_records(out / "trajectories.parquet", TRAJECTORY_SCHEMA) == []
 

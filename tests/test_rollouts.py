@@ -233,3 +233,35 @@ def test_llm_policies_full_rollouts(protocol, toolz_task, tmp_path, monkeypatch)
     assert (garbage.exit_status, garbage.reward, garbage.grade_reason, garbage.patch) == (
         "format_errors", 0.0, "tests_failed", "")
     assert garbage.format_errors == 3 and len(garbage.steps) == 3  # max_format_errors=3 in a row ends it
+
+
+@pytest.mark.parametrize("reward,infra_error,success", [
+    (0.5, "", False),  # at δ: the group this probe would rescue failed with it
+    (0.75, "", True),
+    (1.0, "sandbox: engine gone", False),
+])
+def test_a_success_is_a_reward_above_delta_without_an_infra_fault(reward, infra_error, success):
+    import dataclasses
+
+    from pipeline.rescue import succeeded
+    from tests.test_records import TRAJECTORY
+
+    attempt = dataclasses.replace(TRAJECTORY, reward=reward, infra_error=infra_error)
+    assert succeeded(attempt, 0.5) is success
+    assert (attempt.instance_id in failed_groups([attempt], 0.5)) is (not success and not infra_error)
+
+
+def test_a_probe_succeeds_by_the_rule_that_failed_its_group(tmp_path, monkeypatch):
+    """A real probe (the expert's 3-action hint shows the fix: reward 1.0) decides its step at δ 0, not at δ 1."""
+    from pipeline.guidance.expert import expert_actions
+    from pipeline.rescue import _prober
+    from pipeline.verifier.environment import LocalTaskSandboxes
+    from tests.test_batch_local import CONFIG, HintFollower, calc_task, make_repo
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # no engine: nothing to reap either
+    sandboxes = LocalTaskSandboxes(repos={"local/calc": str(make_repo(tmp_path / "calc"))})
+    task, policy = calc_task(), HintFollower()
+    probes = [_prober(task, expert_actions(task), policy, CONFIG, tmp_path / "probes", "b1", delta, sandboxes)
+              for delta in (0.0, 1.0)]
+    assert [probe(3, 0) for probe in probes] == [True, False]  # the second reads the stored probe: reward 1.0
+    assert [t.reward for t in read_batch(tmp_path / "probes")] == [1.0]

@@ -57,6 +57,8 @@ class AnthropicPolicy:
                              "(or point AnthropicPolicyConfig.api_key_env at the one that holds the key)")
         self.config = config
         self.name = f"anthropic:{config.model}"
+        # what PolicyIdentity stores: top_p and top_k are never sent, so the server's defaults (unknown) apply
+        self.sampling = dict(temperature=-1.0 if config.temperature is None else float(config.temperature))
         self._client = anthropic.Anthropic(
             api_key=key, base_url=config.base_url, timeout=config.timeout, max_retries=0
         )
@@ -93,7 +95,7 @@ class AnthropicPolicy:
         )
         return AssistantTurn(
             message=to_openai_message(response.content),
-            identity=PolicyIdentity(response.model or self.config.model),
+            identity=PolicyIdentity(response.model or self.config.model, **self.sampling),
             usage=Usage(response.usage.input_tokens, response.usage.output_tokens),
             latency=time.monotonic() - start,
             finish_reason=FINISH_REASONS.get(response.stop_reason or "", response.stop_reason or ""),

@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Generator
 
-from pipeline.agent.policy import AssistantTurn, Usage
+from pipeline.agent.policy import AssistantTurn, PolicyIdentity, Usage
 from pipeline.agent.repairs import code_lines, line_repairs
 from pipeline.vocab import HINT_HEADER
 
@@ -38,6 +38,8 @@ def pytest_command(args: str, lines: int) -> str:
 
 
 SUITE = pytest_command("-x -q --tb=short", 80)
+IDENTITY = PolicyIdentity("", temperature=0.0, top_p=1.0, top_k=0)
+"""No model ('' as Trajectory.policy_model says); a deterministic program, stored as greedy (temperature 0)."""
 TOOL_WORDS = {"bash", "edit", "view", "view_range", "create", "str_replace", "insert", "submit", "old_str"}
 @dataclass(frozen=True)
 class HeuristicConfig:
@@ -91,7 +93,7 @@ class HeuristicPolicy:
         call = {"id": f"call_{turn}", "type": "function",
                 "function": {"name": action.name, "arguments": json.dumps(action.arguments)}}
         return AssistantTurn(message={"role": "assistant", "content": action.thought, "tool_calls": [call]},
-                             usage=Usage(0, 0), finish_reason="tool_calls")
+                             usage=Usage(0, 0), finish_reason="tool_calls", identity=IDENTITY)
 
 
 def replay(gen: Generator[Action, str, None], observations: list[str]) -> Action:

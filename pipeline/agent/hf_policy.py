@@ -55,7 +55,8 @@ class LocalHFPolicy:
         self.native_tools = "tools" in self.tokenizer.chat_template
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model_path, dtype=getattr(torch, config.dtype)).to(_device(config.device)).eval()
-        self.identity = local_identity(config.model_path, config.model_path, self.tokenizer.chat_template)
+        self.identity = local_identity(config.model_path, config.model_path, self.tokenizer.chat_template,
+                                       **sampling(config))
         self._lock = threading.Lock()  # one generate at a time: seeded sampling stays reproducible
 
     def settings(self) -> dict:
@@ -111,6 +112,11 @@ class LocalHFPolicy:
         ids = self.model.generation_config.eos_token_id
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
         return ids or [self.tokenizer.eos_token_id]
+
+
+def sampling(config: LocalHFPolicyConfig) -> dict:
+    """The settings `_generate` samples with, as PolicyIdentity stores them: top-k always off (0)."""
+    return dict(temperature=max(float(config.temperature), 0.0), top_p=float(config.top_p), top_k=0)
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:

@@ -37,6 +37,10 @@ class OpenAIPolicyConfig:
     """Server root including /v1."""
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int | None = None
+    """Sent as the `top_k` extra parameter (vLLM, SGLang, llama.cpp) when set, 0 or -1: off; None: not sent, so the
+    server's default applies (vLLM takes the model's generation_config.json, which may set one) and turns store
+    top_k unknown (-1). OpenAI's own API takes no top_k."""
     max_tokens: int = 4096
     """Most tokens one reply may generate."""
     timeout: float = 600.0  # seconds per request
@@ -129,18 +133,27 @@ class OpenAIPolicy:
             request["seed"] = seed
         if self._logprobs:
             request["logprobs"] = True
+        extra = {"top_k": self.config.top_k} if self.config.top_k is not None else {}
         if self._token_ids:
-            request["extra_body"] = dict(TOKEN_ID_PARAMS)
+            extra |= TOKEN_ID_PARAMS
+        if extra:
+            request["extra_body"] = extra
         return request
+
+
+def sampling(config: OpenAIPolicyConfig) -> dict:
+    """The sampling settings every request sends, as PolicyIdentity stores them (top_k not sent: unknown)."""
+    top_k = -1 if config.top_k is None else max(config.top_k, 0)  # vLLM's -1 and llama.cpp's 0 both mean off
+    return dict(temperature=float(config.temperature), top_p=float(config.top_p), top_k=top_k)
 
 
 def _identity(config: OpenAIPolicyConfig) -> PolicyIdentity:
     if not config.identity_model_path:
-        return PolicyIdentity(config.model)
+        return PolicyIdentity(config.model, **sampling(config))
     from transformers import AutoTokenizer
 
     template = AutoTokenizer.from_pretrained(config.identity_model_path).chat_template
-    return local_identity(config.model, config.identity_model_path, template)
+    return local_identity(config.model, config.identity_model_path, template, **sampling(config))
 
 
 def _status(error: Exception) -> int | None:

@@ -20,7 +20,8 @@ class Usage:
 
 @dataclass(frozen=True)
 class PolicyIdentity:
-    """Which weights and chat template sampled a turn: what training compares with its starting model."""
+    """Which weights and chat template sampled a turn, and at which sampling settings: what training compares
+    with its starting model, and what says whether the turn's log-probs are those of what was sampled."""
 
     model: str
     """The model's name as loaded or served."""
@@ -28,6 +29,12 @@ class PolicyIdentity:
     """A Hub commit, or 'sha256:<hex>' of the weight files; '' when unknown."""
     chat_template_hash: str = ""
     """sha256 of the chat template text that rendered the prompt; '' when unknown."""
+    temperature: float = -1.0
+    """Sampling temperature the turns were drawn at; 0.0: greedy (or a deterministic program); -1.0: unknown."""
+    top_p: float = -1.0
+    """Nucleus (top-p) mass kept; 1.0: off; -1.0: unknown (not sent, so the server's default applied)."""
+    top_k: int = -1
+    """Most likely tokens kept; 0: off (transformers' convention; vLLM's -1 'off' is stored as 0); -1: unknown."""
 
 
 @dataclass(frozen=True)

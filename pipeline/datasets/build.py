@@ -27,15 +27,16 @@ import pyarrow as pa
 from pipeline.datasets.files import BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids, rows_writer
 from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA
 from pipeline.datasets.manifest import read_manifest, stamps, tasks_digest, write_manifest
-from pipeline.datasets.pairs import actguide_rows, candidates, dpo_rows, prepare, sft_rows
+from pipeline.datasets.actguide_groups import LOST, actguide_rows
+from pipeline.datasets.pairs import candidates, dpo_rows, prepare, sft_rows
 from pipeline.datasets.config import DatasetConfig
-from pipeline.datasets.guided import guided_checks
+from pipeline.datasets.guided import GROUPS_LOST, guided_checks
 from pipeline.datasets.splits import Counter, token_counter
 from pipeline.layout import PROBE_SUFFIX, Layout
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
 from pipeline.schema import to_row
 
-BUILDER_VERSION = "4"  # bump when a rule changes: every batch is rebuilt
+BUILDER_VERSION = "5"  # bump when a rule changes: every batch is rebuilt (5: ActGuide members pass the guided checks)
 SCHEMAS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}  # DATASET_KINDS' schemas
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
 T = TypeVar("T")
@@ -53,7 +54,7 @@ class BatchRows:
     groups: dict[str, int] = field(default_factory=dict)
     """ActGuide groups by learning signal: 'mixed', 'rescued' (rows) and 'zero_advantage' (tasks, no row)."""
     checks: dict[str, int] = field(default_factory=dict)
-    """Guided successes per '<check>.<guidance kind>' (`guided.guided_checks`)."""
+    """Guided successes per '<check>.<guidance kind>' (`guided.guided_checks`); GROUPS_LOST: rescued groups lost."""
 
 
 def trajectory_frame(trajectories: Iterable[Trajectory]) -> pl.DataFrame:
@@ -98,6 +99,7 @@ def rows_of(ready: Prepared, config: DatasetConfig, gold: dict[str, str] | None,
     dpo, dpo_dropped = dpo_rows(chosen, rejected, heavy, config, (seen or {}).get("dpo"))
     sft, sft_dropped = sft_rows(chosen, heavy, config, (seen or {}).get("sft"))
     actguide, act_dropped, groups = actguide_rows(t, heavy, config)
+    checks[GROUPS_LOST] = act_dropped[LOST]
     for prefix, counts in [("", pool_dropped), ("dpo.", dpo_dropped), ("sft.", sft_dropped),
                            ("actguide.", act_dropped)]:
         dropped.update({prefix + k: v for k, v in counts.items()})
@@ -122,7 +124,7 @@ class BuildReport:
     groups: dict[str, int] = field(default_factory=dict)
     """ActGuide groups by learning signal over all batches (BatchRows.groups)."""
     checks: dict[str, int] = field(default_factory=dict)
-    """Guided successes per '<check>.<guidance kind>' over all batches (BatchRows.checks)."""
+    """Guided successes per '<check>.<guidance kind>', and GROUPS_LOST, over all batches (BatchRows.checks)."""
     skipped_files: list[SkippedFile] = field(default_factory=list)
     token_counter: str = ""
 

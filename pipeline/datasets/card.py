@@ -14,6 +14,7 @@ import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
 from pipeline.costs import costs_card_section
+from pipeline.datasets.guided import GROUPS_LOST
 from pipeline.pictures import draw_text, png
 from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
@@ -146,12 +147,15 @@ def _guidance_checks_section(checks: Mapping[str, int], splits: dict[str, dict[s
     """Per guidance kind, the guided successes each check caught; the share of chosen rows from gold hints."""
     kinds = sorted({key.split(".", 1)[1] for key in checks if "." in key})
     present = [c for c in CHECK_COLUMNS if any(f"{c}.{k}" in checks for k in kinds)]
-    lines = ["## Guidance checks", "A chosen completion is trained under the unguided prompt. Guided successes "
-             "whose prose refers to the guidance, that edited a file no tool output had shown (ungrounded), or "
-             "whose hint held a line of the gold patch, by guidance kind:"]
+    lines = ["## Guidance checks", "A chosen completion or ActGuide member is trained under the unguided prompt. "
+             "Guided successes whose prose refers to the guidance, that edited a file no tool output had shown "
+             "(ungrounded), or whose hint held a line of the gold patch, by guidance kind:"]
     lines.append(markdown_table(["guidance kind"] + [CHECK_COLUMNS[c] for c in present],
                         [[k] + [checks.get(f"{c}.{k}", 0) for c in present] for k in kinds]) if kinds
                  else "No guided success was checked.")
+    if GROUPS_LOST in checks:
+        lines.append(f"Rescued ActGuide groups whose every guided success failed these checks (no row): "
+                     f"{checks[GROUPS_LOST]}.")
     for config, (gold, total) in gold_hint_shares(splits).items():
         share = f"{gold / total:.1%}" if total else "n/a"
         lines.append(f"Chosen rows of `{config}` from a hint holding gold lines: {gold} of {total} ({share}).")

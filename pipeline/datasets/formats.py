@@ -43,17 +43,22 @@ MEMBER_TYPE = pa.struct([pa.field("rollout_id", STR), pa.field("sampled_under", 
                          pa.field("completion_tokens", INT), pa.field("logprobs", pa.list_(pa.list_(pa.float32()))),
                          pa.field("prompt_token_ids", TURN_IDS), pa.field("token_ids", TURN_IDS),
                          pa.field("policy_model", STR), pa.field("policy_revision", STR),
-                         pa.field("chat_template_hash", STR)])
+                         pa.field("chat_template_hash", STR), pa.field("temperature", FLOAT),
+                         pa.field("top_p", FLOAT), pa.field("top_k", INT), pa.field("rewrites", STR)])
+"""One attempt of an ActGuide group. `temperature`, `top_p`, `top_k`: the settings it was sampled at (Trajectory's:
+-1 unknown, top_k 0 off; `pipeline.agent.identity.sampling_refusal` reads them); `rewrites`: JSON list of its
+prose rewrites ('[]' as sampled), a rewritten member's `logprobs`, `prompt_token_ids` and `token_ids` null."""
 ACTGUIDE_SCHEMA = record_schema(columns(
     ("prompt", CHAT), ("guided_prompt", CHAT), ("tools", STR), ("actions", STR), ("K", INT), ("k_star", INT),
     ("group_kind", STR), ("trajectories", pa.list_(MEMBER_TYPE)), ("instance_id", STR), ("split", STR),
-    ("batch", STR), ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "3",
-    "ActionGuidanceGroup")
+    ("batch", STR), ("group_id", STR), ("prompt_tokens", INT), ("guided_prompt_tokens", INT)), "4",
+    "ActionGuidanceGroup")  # 4: members' sampling settings and rewrites
 """One row per group with a learning signal (ActGuide-RL's Algorithm 1). `group_kind` 'mixed': a task's unguided
 group whose rewards differ, as it is (plain GRPO; `guided_prompt` is the prompt it was sampled under, the
 unguided one; `actions` '[]', K 0, k_star -1). 'rescued': a task no unguided attempt resolved, with an
 action-guided group that did; `trajectories` holds the unguided and the guided attempts, `sampled_under`
-'unguided' or 'guided'. `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
+'unguided' or 'guided'; a guided success failing the DPO and SFT rows' guidance checks is none of them, and a group
+left without a success is no row. `logprobs` (assistant turns, tokens) of the behaviour policy, or null."""
 
 
 def chat(messages: pl.Expr) -> pl.Expr:

@@ -2,8 +2,9 @@
 
 `guided_checks` flags, for every guided success (probes included), whether its prose refers to its guidance,
 whether it edited a file no tool output had shown (ungrounded), and whether its hint held a line of the gold
-patch; with `guidance_references: rewrite` it also writes the completion a chosen row takes, the referring
-prose removed and each rewrite recorded. The counts are per guidance kind.
+patch; with `guidance_references: rewrite` it also writes the completion a chosen row or an ActGuide member
+takes, the referring prose removed and each rewrite recorded. The counts are per guidance kind.
+`failed_checks` says which flagged successes every kind of row leaves out.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 FLAGS = ("refers", "ungrounded", "hint_gold")
 REFERENCE_COUNT = {"drop": "references_dropped", "rewrite": "references_rewritten"}
+GROUPS_LOST = "actguide_groups_lost"
+"""The checks' key (no guidance kind) counting rescued ActGuide groups whose every success failed `failed_checks`."""
 
 
 def _shown_actions(actions: list[dict], k: int) -> list[dict]:
@@ -64,6 +67,13 @@ def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
     marked = successes.select("row", *[pl.Series(name, values, dtype=pl.Boolean) for name, values in flags.items()])
     t = t.join(marked, on="row", how="left", maintain_order="left").with_columns(pl.col(FLAGS).fill_null(False))
     return t, _with_rewrites(heavy, rewritten), counts
+
+
+def failed_checks(config: "DatasetConfig") -> list[tuple[str, pl.Expr]]:
+    """(reason, mask) of the flagged guided successes no row trains on, DPO, SFT and ActGuide alike: prose
+    referring to guidance under `guidance_references: drop`, ungrounded edits unless `keep_ungrounded`."""
+    return [("refers_to_guidance", pl.col("refers") & (config.guidance_references == "drop")),
+            ("ungrounded", pl.col("ungrounded") & (not config.keep_ungrounded))]
 
 
 def may_flag(completions: pl.Series, hints: list[str], prompt_texts: list[str]) -> pl.Series:

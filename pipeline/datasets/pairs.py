@@ -1,20 +1,20 @@
-"""Training rows from graded trajectories: DPO pairs, SFT examples, ActGuide groups (polars, no I/O).
+"""Training rows from graded trajectories: DPO pairs and SFT examples (polars, no I/O).
 
 `prepare` turns one or more batches of trajectories (TRAJECTORY_SCHEMA columns) into usable
 attempts, counting what it leaves out: a light frame the rules decide on, whose `row` points into
 a frame of the heavy columns (chat-form messages, log-probs). `dpo_rows`, `sft_rows` and
-`actguide_rows` make rows of the schemas in pipeline/datasets/formats.py from them, taking the heavy
-columns only for the rows they make.
+`actguide_rows` (pipeline/datasets/actguide_groups.py) make rows of the schemas in pipeline/datasets/formats.py
+from them, taking the heavy columns only for the rows they make.
 """
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Mapping
 
 import polars as pl
 
 from pipeline.datasets.formats import chat, mentions
+from pipeline.datasets.guided import failed_checks
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
 from pipeline.layout import PROBE_SUFFIX
 from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
@@ -27,7 +27,7 @@ TASK = ["base_batch", "instance_id"]
 HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs", "prompt_token_ids", "token_ids"]
 USED = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
         "guidance_actions", "guidance_k", "tools", "reward", "resolved", "infra_error", "quotes_guidance",
-        "policy_model", "policy_revision", "chat_template_hash"] + HEAVY
+        "policy_model", "policy_revision", "chat_template_hash", "temperature", "top_p", "top_k"] + HEAVY
 """The trajectory columns the builders read."""
 
 
@@ -64,13 +64,13 @@ class GuidanceLeakError(AssertionError):
     """A stored unguided prompt holds its attempt's guidance text: a fault upstream, never a training row."""
 
 
-def _drop(frame: pl.DataFrame, mask: pl.Expr, reason: str, dropped: dict[str, int]) -> pl.DataFrame:
+def drop(frame: pl.DataFrame, mask: pl.Expr, reason: str, dropped: dict[str, int]) -> pl.DataFrame:
     kept = frame.filter(~mask)
     dropped[reason] = dropped.get(reason, 0) + frame.height - kept.height
     return kept
 
 
-def _gathered(rows: pl.DataFrame, heavy: pl.DataFrame, **columns: tuple[str, str]) -> pl.DataFrame:
+def gathered(rows: pl.DataFrame, heavy: pl.DataFrame, **columns: tuple[str, str]) -> pl.DataFrame:
     """`rows` with heavy columns taken at their row indexes: name=(heavy column, index column)."""
     return rows.with_columns(**{name: heavy[column].gather(rows[index]) for name, (column, index) in columns.items()})
 
@@ -87,8 +87,8 @@ def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: 
     t = with_task_keys(light.unique("rollout_id", keep="last", maintain_order=True))
     t = t.with_columns(split=split_column("instance_id", config.test_fraction, task_groups))
     dropped["duplicate_rollout"] = frame.height - t.height
-    t = _drop(t, pl.col("infra_error") != "", "infra_error", dropped)  # not an attempt: never a failure
-    t = _drop(t, pl.col("quotes_guidance"), "quotes_guidance", dropped)
+    t = drop(t, pl.col("infra_error") != "", "infra_error", dropped)  # not an attempt: never a failure
+    t = drop(t, pl.col("quotes_guidance"), "quotes_guidance", dropped)
     stored = frame.select(HEAVY).with_columns(completion=pl.col("messages").list.slice(pl.col("prompt").list.len()))
     t = t.with_columns(**{name: count(stored[source]).gather(t["row"]) for name, source in [
         ("prompt_tokens", "unguided_prompt"), ("guided_prompt_tokens", "prompt"), ("completion_tokens", "completion")]})
@@ -103,11 +103,11 @@ def prepare(frame: pl.DataFrame, config: "DatasetConfig", count: Counter, gold: 
                                 "unguided_prompt holds its guidance text; fix what stored it and rerun the batch")
     echoes = (mentions(needled["guidance_text"], heavy["completion"].gather(needled["row"]))
               | needled.select(pl.col("tools").str.contains(pl.col("guidance_text"), literal=True)).to_series())
-    t = _drop(t, pl.col("row").is_in(needled["row"].filter(echoes).implode()), "echoes_guidance", dropped)
+    t = drop(t, pl.col("row").is_in(needled["row"].filter(echoes).implode()), "echoes_guidance", dropped)
     too_long = ((pl.lit(config.max_prompt_tokens > 0) & (pl.col("prompt_tokens") > config.max_prompt_tokens))
                 | (pl.lit(config.max_completion_tokens > 0)
                    & (pl.col("completion_tokens") > config.max_completion_tokens)))
-    t = _drop(t, too_long, "too_long", dropped)
+    t = drop(t, too_long, "too_long", dropped)
     prompts = stored.select(canonical(pl.col("unguided_prompt"))).to_series().gather(t["row"])
     t = t.with_columns(gold_leak=_gold_leaks(t, heavy, gold),
                        prompt_key=digest(pl.lit(prompts) + "\x1d" + pl.col("tools")))
@@ -139,7 +139,7 @@ def _ranked(pool: pl.DataFrame) -> pl.DataFrame:
 
 def _unique_completions(pool: pl.DataFrame, dropped: dict[str, int]) -> pl.DataFrame:
     """First of each distinct completion of a task, in the pool's order."""
-    return _drop(pool, ~pl.struct(TASK + ["completion_hash"]).is_first_distinct(), "duplicate_completion", dropped)
+    return drop(pool, ~pl.struct(TASK + ["completion_hash"]).is_first_distinct(), "duplicate_completion", dropped)
 
 
 def candidates(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
@@ -151,9 +151,9 @@ def candidates(t: pl.DataFrame, config: "DatasetConfig") -> tuple[pl.DataFrame, 
     allowed = {"guided_and_unguided": pl.lit(True), "guided_only": origin != "unguided",
                "unguided_only": origin == "unguided"}[config.chosen_sources]
     chosen = t.filter((pl.col("reward") > 0) & allowed)
-    chosen = _drop(chosen, pl.col("refers") & (config.guidance_references == "drop"), "refers_to_guidance", dropped)
-    chosen = _drop(chosen, pl.col("ungrounded") & (not config.keep_ungrounded), "ungrounded", dropped)
-    chosen = _drop(chosen, pl.col("gold_leak"), "gold_patch", dropped)
+    for reason, flagged in failed_checks(config):
+        chosen = drop(chosen, flagged, reason, dropped)
+    chosen = drop(chosen, pl.col("gold_leak"), "gold_patch", dropped)
     chosen = _unique_completions(chosen.sort(TASK + ["source_rank", "sample_index", "rollout_id"]), dropped)
     rejected = t.filter((origin == "unguided") & (pl.col("reward") <= 0))
     rejected = _unique_completions(rejected.sort(TASK + ["sample_index", "rollout_id"]), dropped)
@@ -194,13 +194,13 @@ def dpo_rows(chosen: pl.DataFrame, rejected: pl.DataFrame, heavy: pl.DataFrame, 
                                 pl.col("completion_hash").alias("rejected_hash"), pl.col("prompt_key").alias("r_key"),
                                 pl.col("completion_tokens").alias("rejected_tokens"), pl.col("row").alias("r_row")])
     pairs = c.join(r, on=TASK, how="inner").with_columns(order=order_pairs())
-    pairs = _drop(pairs, pl.col("chosen_hash") == pl.col("rejected_hash"), "identical_pair", dropped)
-    pairs = _drop(pairs, pl.col("c_key") != pl.col("r_key"), "prompt_mismatch", dropped)
+    pairs = drop(pairs, pl.col("chosen_hash") == pl.col("rejected_hash"), "identical_pair", dropped)
+    pairs = drop(pairs, pl.col("c_key") != pl.col("r_key"), "prompt_mismatch", dropped)
     pairs = _unseen(pairs, seen, ["instance_id", "chosen_hash", "rejected_hash"], dropped, "seen_before")
     pairs = pairs.sort(TASK + ["order"]).with_columns(slot=pl.int_range(pl.len()).over(TASK))
-    pairs = _drop(pairs, pl.col("slot") >= config.pairs_per_task, "over_pairs_per_task", dropped)
-    rows = _gathered(pairs, heavy, prompt=("prompt_chat", "c_row"), chosen=("chosen_completion", "c_row"),
-                     rejected=("completion", "r_row"), chosen_rewrites=("rewrites", "c_row"))
+    pairs = drop(pairs, pl.col("slot") >= config.pairs_per_task, "over_pairs_per_task", dropped)
+    rows = gathered(pairs, heavy, prompt=("prompt_chat", "c_row"), chosen=("chosen_completion", "c_row"),
+                    rejected=("completion", "r_row"), chosen_rewrites=("rewrites", "c_row"))
     return rows.select(
         "prompt", "chosen", "rejected", "tools", "instance_id",
         "split", pl.col("base_batch").alias("batch"),
@@ -214,82 +214,10 @@ def sft_rows(chosen: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
     """SFT_SCHEMA rows: every chosen candidate as unguided prompt + completion, in candidate order."""
     dropped: dict[str, int] = {}
     rows = _unseen(chosen, seen, ["instance_id", "completion_hash"], dropped, "seen_before")
-    rows = _gathered(rows, heavy, prompt_chat=("prompt_chat", "row"), completion=("chosen_completion", "row"),
-                     rewrites=("rewrites", "row"))
+    rows = gathered(rows, heavy, prompt_chat=("prompt_chat", "row"), completion=("chosen_completion", "row"),
+                    rewrites=("rewrites", "row"))
     return rows.select(
         pl.concat_list("prompt_chat", "completion").alias("messages"), "tools", "instance_id",
         "split", pl.col("base_batch").alias("batch"),
         "source", "rollout_id", "reward", "prompt_tokens", "completion_tokens", "completion_hash", "rewrites",
         pl.col("hint_gold").alias("hint_has_gold")), dropped
-
-
-def _actions_json(actions: pl.Series) -> pl.Series:
-    """Reference actions as ActGuide's JSON `[{"name", "args"}]` (args parsed back from their JSON text)."""
-    return pl.Series([json.dumps([{"name": a["name"], "args": json.loads(a["args"])} for a in row], ensure_ascii=False)
-                      for row in actions.to_list()], dtype=pl.String)
-
-
-def _signal_heads(t: pl.DataFrame) -> pl.DataFrame:
-    """The first attempt of each group with a learning signal, with its `group_kind`: a task's unguided group
-    when its rewards differ ('mixed', plain GRPO), or an action-guided group of a task no unguided attempt
-    resolved whose rewards, merged with the unguided ones, differ ('rescued'; probes excluded: their hints have
-    other k). A task gets a rescued group only when its unguided group is not mixed."""
-    reward, first = pl.col("reward"), TASK + ["group_id", "sample_index", "rollout_id"]
-    unguided = t.filter(pl.col("origin") == "unguided")
-    guided = t.filter((pl.col("origin") == "guided") & (pl.col("guidance_kind") == "action"))
-    outcome = unguided.group_by(TASK).agg(lo=reward.min(), hi=reward.max(), solved=pl.col("resolved").any())
-    mixed = (unguided.sort(first).unique(TASK, keep="first", maintain_order=True)
-             .join(outcome.filter(pl.col("lo") != pl.col("hi")), on=TASK, how="semi")
-             .with_columns(group_kind=pl.lit("mixed")))
-    spread = guided.group_by("group_id").agg(g_lo=reward.min(), g_hi=reward.max())
-    rescued = (guided.sort(first).unique("group_id", keep="first", maintain_order=True)
-               .join(outcome, on=TASK, how="left").join(spread, on="group_id")
-               .filter(~pl.col("solved").fill_null(False) & (pl.col("lo") == pl.col("hi")).fill_null(True)
-                       & (pl.min_horizontal("lo", "g_lo") != pl.max_horizontal("hi", "g_hi")))
-               .select(t.columns).with_columns(group_kind=pl.lit("rescued")))
-    return pl.concat([mixed, rescued]).sort(TASK + ["group_id"])
-
-
-def group_counts(t: pl.DataFrame, heads: pl.DataFrame) -> dict[str, int]:
-    """Groups by learning signal: 'mixed' and 'rescued' (rows), 'zero_advantage' (tasks whose unguided and
-    action-guided attempts give none: all resolved, or all failed and not rescued)."""
-    grouped = t.filter((pl.col("origin") == "unguided")
-                       | ((pl.col("origin") == "guided") & (pl.col("guidance_kind") == "action")))
-    tasks, signal = grouped.select(TASK).unique().height, heads.select(TASK).unique().height
-    kinds = heads["group_kind"].to_list()
-    return {"mixed": kinds.count("mixed"), "rescued": kinds.count("rescued"), "zero_advantage": tasks - signal}
-
-
-def actguide_rows(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig"
-                  ) -> tuple[pl.DataFrame, dict[str, int], dict[str, int]]:
-    """(ACTGUIDE_SCHEMA rows, dropped, `group_counts`): one row per group with a learning signal
-    (`_signal_heads`), holding the task's unguided attempts and, for a rescued group, its guided attempts;
-    the trainer's `training_group` merges them or keeps the guided ones."""
-    dropped: dict[str, int] = {}
-    heads = _signal_heads(t)
-    groups = group_counts(t, heads)
-    heads = _drop(heads, pl.lit(config.max_prompt_tokens > 0)
-                  & (pl.col("guided_prompt_tokens") > config.max_prompt_tokens), "too_long", dropped)
-    member = ["rollout_id", "sample_index", "reward", "resolved", "row", "completion_tokens", "policy_model",
-              "policy_revision", "chat_template_hash"]
-    unguided = (t.filter(pl.col("origin") == "unguided").drop("group_id")  # members take the row's group id
-                .join(heads.select(TASK + ["group_id"]), on=TASK, maintain_order="left")
-                .select(["group_id"] + member).with_columns(sampled_under=pl.lit("unguided"), order=0))
-    guided = t.filter(pl.col("origin") == "guided").join(heads.filter(pl.col("group_kind") == "rescued"),
-                                                         on="group_id", how="semi")
-    members = pl.concat([unguided, guided.select(["group_id"] + member).with_columns(
-        sampled_under=pl.lit("guided"), order=1)], how="vertical_relaxed")
-    members = _gathered(members.sort("group_id", "order", "sample_index", "rollout_id"), heavy,
-                        completion=("completion", "row"), logprobs=("logprobs", "row"),
-                        prompt_token_ids=("prompt_token_ids", "row"), token_ids=("token_ids", "row"))
-    members = members.group_by("group_id", maintain_order=True).agg(trajectories=pl.struct(
-        "rollout_id", "sampled_under", "sample_index", "reward", "resolved", "completion", "completion_tokens",
-        "logprobs", "prompt_token_ids", "token_ids", "policy_model", "policy_revision", "chat_template_hash"))
-    rows = heads.join(members, on="group_id", maintain_order="left")
-    rows = _gathered(rows, heavy, guided_prompt=("prompt", "row"), prompt=("prompt_chat", "row"))
-    return rows.select(
-        "prompt", chat(pl.col("guided_prompt")).alias("guided_prompt"), "tools",
-        pl.col("guidance_actions").map_batches(_actions_json, return_dtype=pl.String).alias("actions"),
-        pl.col("guidance_actions").list.len().cast(pl.Int64).alias("K"), pl.col("guidance_k").alias("k_star"),
-        "group_kind", "trajectories", "instance_id", "split",
-        pl.col("base_batch").alias("batch"), "group_id", "prompt_tokens", "guided_prompt_tokens"), dropped, groups
