@@ -9,6 +9,7 @@ from assets.rollouts import attemptable, quarantine
 from pipeline.cascade import cascade_savings, guided_batch, savings_markdown
 from pipeline.costs import cost_markdown, cost_rows, cost_totals
 from pipeline.families import family_chart, family_markdown, family_rows, head_to_head, head_to_head_markdown
+from pipeline.guidance.reference_sources import plan_frame, source_markdown, source_table, stored_references
 from pipeline.invariants import batch_invariants, reference_checks
 from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
 from pipeline.rescue import SearchStats, action_plans, failed_groups, make_teacher, recovery, teacher_plans
@@ -30,7 +31,8 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
         plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], make_policy(settings, credentials),
-                              settings.resolved().rollout, config, layout.trajectories("probes", batch), batch)
+                              settings.resolved().rollout, config, layout.trajectories("probes", batch), batch,
+                              stored=stored_references(layout, failed, batch))
     path = write_rows(layout.guidance(batch), [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
     for p in plans:
         if not p.accepted:
@@ -42,6 +44,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
         "quarantined_skipped": len(held.keys() & {t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
         "leaks_flagged": sum(p.leaked for p in plans), **SearchStats(plans).metrics(),
+        "reference_sources": dg.MetadataValue.md(source_markdown(source_table(plan_frame(plans)))),
     })
 
 

@@ -140,7 +140,9 @@ class GuidancePlan:
     actions: tuple[Action, ...] = ()
     """Reference actions (action guidance)."""
     action_source: str = ""
-    """'trajectory', 'file' or 'expert' (action guidance)."""
+    """'trajectory', 'file' or 'expert' (action guidance; pipeline.guidance.actions.REFERENCE_SOURCES)."""
+    reference_rollout: str = ""
+    """The rollout_id of the stored success whose tool calls are the reference (action_source 'trajectory')."""
     K: int = -1
     k_star: int = -1
     found: bool = False
@@ -166,7 +168,7 @@ class GuidancePlan:
         return flat(cls, {**row, "actions": [Action(**a) for a in row["actions"]]})
 
 
-GUIDANCE_PLAN_SCHEMA = record_schema(fields_of(GuidancePlan), "3", "GuidancePlan")  # 3: the teacher's tokens
+GUIDANCE_PLAN_SCHEMA = record_schema(fields_of(GuidancePlan), "4", "GuidancePlan")  # 4: reference_rollout
 
 
 TRAJECTORY_SCHEMA_VERSION = "4"  # 3: reasoning in messages, per-turn token ids, the policy's identity; 4: its sampling

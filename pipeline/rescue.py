@@ -11,11 +11,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 from pipeline.agent.policy import Policy
-from pipeline.guidance.actions import action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
-    reference_actions
+from pipeline.guidance.actions import Reference, action_hint, linear_prefix, load_action_file, min_guidance_prefix, \
+    reference_actions, reference_of
+from pipeline.guidance.reference_sources import capped_references
 from pipeline.guidance.references import hint_leaks_gold
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, Teacher, flag_leaks
 # Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
@@ -32,7 +33,7 @@ class GuidanceConfig:
     """Which guidance failed tasks get, and how the action prefix is searched."""
 
     kinds: tuple[GuidanceKind, ...] = GUIDANCE_KINDS
-    """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'hindsight', 'action'."""
+    """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'combined' (the three in one prompt), 'hindsight', 'action'."""
     delta: float = 0.0
     """A task gets guidance only when its unguided group's best reward is at most this."""
     probes_per_step: int = 2
@@ -42,7 +43,9 @@ class GuidanceConfig:
     compare_linear: bool = True
     """Also run the linear search from k = 1 (probes of equal k are reused) to report the probe ratio."""
     action_source: Literal["auto", "trajectories", "expert", "file"] = "auto"
-    """Where reference actions come from; 'auto': successful trajectories, then the file, then the expert script."""
+    """Where reference actions come from; 'auto': the task's shortest success in any stored batch (any policy, guided or not), then the file, then the gold-patch script."""
+    max_expert_share: float = 1.0
+    """Most share of a batch's action plans whose reference is the script written from the gold patch (its edit IS the fix); 0 forbids it. A task left without a reference gets a rejected plan."""
     action_file: str = ""
     """JSONL of imported action logs: {"instance_id", "actions": [{"name", "args"}]}."""
     teacher: Literal["rule", "anthropic", "openai"] = "rule"
@@ -64,6 +67,9 @@ class GuidanceConfig:
         unknown = set(self.kinds) - set(GUIDANCE_KINDS)
         if unknown:
             raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(GUIDANCE_KINDS)}")
+        if not 0.0 <= self.max_expert_share <= 1.0:
+            raise ValueError(f"GuidanceConfig.max_expert_share: {self.max_expert_share} is not a share; give 0 "
+                             "(never the gold-patch script) to 1 (whenever no other reference is found)")
 
 
 def succeeded(traj: Trajectory, delta: float) -> bool:
@@ -129,42 +135,62 @@ def teacher_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], t
 
 def action_plans(tasks: dict[str, Task], failed: dict[str, list[Trajectory]], successes: list[Trajectory],
                  policy: Policy, rollout: RolloutConfig, config: GuidanceConfig, probe_dir: Path,
-                 batch: str, sandboxes: SandboxFactory = task_sandbox) -> list[GuidancePlan]:
-    """The minimal action prefix of each failed task, searched with stored probe attempts.
+                 batch: str, sandboxes: SandboxFactory = task_sandbox,
+                 stored: Sequence[Reference] = ()) -> list[GuidancePlan]:
+    """The minimal action prefix of each failed task, searched with stored probe attempts; the reference is the
+    task's shortest success among `successes` and `stored` (other batches': `stored_references`), else the action
+    file's row, else the gold-patch script (at most `max_expert_share` of the plans).
 
-    A task whose search raises (its reference actions, a probe) gets a rejected plan naming the
-    error; the other tasks' searches go on.
+    A task left without a reference, or whose search raises (its reference actions, a probe), gets a rejected
+    plan saying why; the other tasks' searches go on.
     """
-    imported = load_action_file(config.action_file) if config.action_file else {}
+    references = batch_references(tasks, list(failed), [*map(reference_of, filter(_resolved, successes)), *stored],
+                                  config)
 
-    def search(iid: str) -> GuidancePlan:
+    def search(ref: Reference) -> GuidancePlan:
+        if not ref.actions:
+            return GuidancePlan(ref.instance_id, "action", "", "", accepted=False, reason=ref.reason)
         try:
-            return _action_plan(tasks[iid], successes, imported, policy, rollout, config, probe_dir / iid, batch,
-                                sandboxes)
+            return _action_plan(tasks[ref.instance_id], ref, policy, rollout, config, probe_dir / ref.instance_id,
+                                batch, sandboxes)
         except Exception as exc:  # the per-task boundary: one task's search must not fail the others
-            log.exception("action search failed on %s", iid)
-            return GuidancePlan(iid, "action", "", "", accepted=False,
+            log.exception("action search failed on %s", ref.instance_id)
+            return GuidancePlan(ref.instance_id, "action", "", "", accepted=False,
                                 reason=f"action search failed: {type(exc).__name__}: {exc}")
 
     with ThreadPoolExecutor(max(1, rollout.workers)) as pool:
-        return list(pool.map(search, list(failed)))
+        return list(pool.map(search, references))
 
 
-def _action_plan(task: Task, successes: list[Trajectory], imported: dict[str, list[dict]], policy: Policy,
-                 rollout: RolloutConfig, config: GuidanceConfig, out: Path, batch: str,
-                 sandboxes: SandboxFactory) -> GuidancePlan:
-    iid = task.instance_id
-    actions, source = reference_actions(task, successes, imported, config.action_source)
-    if not actions:
-        return GuidancePlan(iid, "action", "", "", accepted=False, reason="no reference actions")
+def _resolved(traj: Trajectory) -> bool:
+    return traj.resolved and not traj.infra_error
+
+
+def batch_references(tasks: dict[str, Task], failed: list[str], successes: Sequence[Reference],
+                     config: GuidanceConfig) -> list[Reference]:
+    """Each failed task's reference (`reference_actions`), the gold-patch script capped by `max_expert_share`."""
+    imported = load_action_file(config.action_file) if config.action_file else {}
+    references = []
+    for iid in failed:
+        try:
+            references.append(reference_actions(tasks[iid], successes, imported, config.action_source))
+        except Exception as exc:  # the per-task boundary, as for the search
+            log.exception("reference actions failed on %s", iid)
+            references.append(Reference(iid, (), "", reason=f"action search failed: {type(exc).__name__}: {exc}"))
+    return capped_references(references, config.max_expert_share)
+
+
+def _action_plan(task: Task, ref: Reference, policy: Policy, rollout: RolloutConfig, config: GuidanceConfig,
+                 out: Path, batch: str, sandboxes: SandboxFactory) -> GuidancePlan:
+    actions = list(ref.actions)
     probe = _prober(task, actions, policy, rollout, out, batch, config.delta, sandboxes)
     found = min_guidance_prefix(len(actions), probe, config.probes_per_step, config.max_search_steps)
     linear = linear_prefix(len(actions), probe, config.probes_per_step) if config.compare_linear else None
     text = action_hint(actions, found.k_star)
     leaked = hint_leaks_gold(text, actions[:found.k_star], task.patch)  # kept, flagged: the expert's edits ARE gold
-    return GuidancePlan(iid, "action", text, source, actions=tuple(actions), leaked=leaked,
-                        action_source=source, K=found.K, k_star=found.k_star, found=found.found,
-                        search_steps=found.steps, probes=found.probes,
+    return GuidancePlan(task.instance_id, "action", text, ref.source, actions=tuple(actions), leaked=leaked,
+                        action_source=ref.source, reference_rollout=ref.rollout_id, K=found.K, k_star=found.k_star,
+                        found=found.found, search_steps=found.steps, probes=found.probes,
                         linear_k=linear.k_star if linear else -1, linear_probes=linear.probes if linear else 0)
 
 

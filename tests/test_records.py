@@ -99,7 +99,7 @@ def test_another_record_kind_names_the_asset_to_rematerialize(tmp_path):
     write_rows(path, [TRAJECTORY.to_row()], TRAJECTORY_SCHEMA)
     with pytest.raises(RecordContractError) as info:
         read_records(path, GUIDANCE_PLAN_SCHEMA, produced_by="guidance", batch="b")
-    assert str(info.value) == (f"{path} holds Trajectory schema 4, this version reads GuidancePlan schema 3 there: "
+    assert str(info.value) == (f"{path} holds Trajectory schema 4, this version reads GuidancePlan schema 4 there: "
                                "rematerialize guidance for batch b")
 
 

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from pipeline.guidance.expert import expert_actions
 from pipeline.records import Task, Trajectory
@@ -38,14 +38,19 @@ def action_hint(actions: list[dict], k: int) -> str:
 
 def actions_of(traj: Trajectory) -> list[dict]:
     """The tool calls of a trajectory after its prompt, as reference actions."""
+    return call_actions(call for message in traj.messages[len(traj.prompt):]
+                        for call in message.get("tool_calls") or [])
+
+
+def call_actions(calls: Iterable[dict]) -> list[dict]:
+    """OpenAI tool calls as reference actions {"name", "args"}; a call whose arguments are no JSON is skipped."""
     actions = []
-    for message in traj.messages[len(traj.prompt):]:
-        for call in message.get("tool_calls") or []:
-            try:
-                args = json.loads(call["function"]["arguments"])
-            except (json.JSONDecodeError, TypeError):
-                continue
-            actions.append({"name": call["function"]["name"], "args": args})
+    for call in calls:
+        try:
+            args = json.loads(call["function"]["arguments"])
+        except (json.JSONDecodeError, TypeError):
+            continue
+        actions.append({"name": call["function"]["name"], "args": args})
     return actions
 
 
@@ -67,18 +72,45 @@ def load_action_file(path: str | Path) -> dict[str, list[dict]]:
     return out
 
 
-def reference_actions(task: Task, successes: list[Trajectory], imported: dict[str, list[dict]],
-                      source: str = "auto") -> tuple[list[dict], str]:
-    """(actions, where from): successful trajectories (shortest first), an imported log, or the expert script."""
-    ordered = sorted((t for t in successes if t.resolved and t.instance_id == task.instance_id),
-                     key=lambda t: len(actions_of(t)))
+@dataclass(frozen=True)
+class Reference:
+    """A task's reference actions and where they came from."""
+
+    instance_id: str
+    actions: tuple[dict, ...]
+    """[{"name", "args"}], no reasoning."""
+    source: str
+    """One of REFERENCE_SOURCES; '' when the task has none."""
+    rollout_id: str = ""
+    """The stored success the actions are the tool calls of (source 'trajectory'); '' otherwise."""
+    reason: str = ""
+    """Why the task has no reference ('' when it has one)."""
+
+
+REFERENCE_SOURCES = ("trajectory", "file", "expert")
+"""In the order they are tried: a stored success of the task (any batch, policy, guidance), an imported action
+log, the script written from the gold patch (pipeline/guidance/expert.py)."""
+
+
+def reference_of(traj: Trajectory) -> Reference:
+    """A resolved trajectory as a reference: its own tool calls."""
+    return Reference(traj.instance_id, tuple(actions_of(traj)), "trajectory", traj.rollout_id)
+
+
+def reference_actions(task: Task, successes: Iterable[Reference], imported: dict[str, list[dict]],
+                      source: str = "auto") -> Reference:
+    """The task's reference: its shortest stored success (ties by rollout id), else its imported log, else the
+    expert script; `source` other than 'auto' allows only 'trajectories', 'file' or 'expert'."""
+    ordered = sorted((r for r in successes if r.instance_id == task.instance_id and r.actions),
+                     key=lambda r: (len(r.actions), r.rollout_id))
     if source in ("auto", "trajectories") and ordered:
-        return actions_of(ordered[0]), "trajectory"
-    if source in ("auto", "file") and task.instance_id in imported:
-        return imported[task.instance_id], "file"
+        return ordered[0]
+    if source in ("auto", "file") and imported.get(task.instance_id):
+        return Reference(task.instance_id, tuple(imported[task.instance_id]), "file")
     if source in ("auto", "expert") and task.patch:
-        return expert_actions(task), "expert"
-    return [], "none"
+        return Reference(task.instance_id, tuple(expert_actions(task)), "expert")
+    return Reference(task.instance_id, (), "", reason=f"no reference actions (guidance.action_source={source!r}: "
+                                                      "no stored success, action file row or gold patch)")
 
 
 @dataclass(frozen=True)
