@@ -15,6 +15,7 @@ from pipeline.costs import cost_markdown, cost_totals, pairs_by_origin, stored_c
 from pipeline.datasets import read_dataset, update_datasets
 from pipeline.datasets.manifest import read_manifest
 from pipeline.datasets.card import HISTOGRAM_FILE, CardInfo, pass_rates
+from pipeline.datasets.config import DPO_FORMS
 from pipeline.datasets.export import export_dataset, split_by_task
 from pipeline.datasets.guided import manifest_checks, rows_referring_to_guidance
 from pipeline.datasets.formats import row_text
@@ -84,6 +85,9 @@ def training_datasets(context: dg.AssetExecutionContext, settings: HandholdSetti
             "batches_built": report.built, "batches_reused": report.reused, "token_counter": report.token_counter,
             "dropped": {k: v for k, v in report.dropped.items() if k.startswith(f"{kind}.") or "." not in k},
             **({"groups": report.groups} if kind == "actguide" else {}),  # mixed, rescued, zero_advantage
+            **({"divergence": {"rows": report.rows.get("dpo_divergence", 0),  # the pairs cut at divergence
+                               "prefix_pairs": report.dropped.get("dpo_divergence.prefix_pair", 0)}}
+               if kind == "dpo" else {}),
             **({"guidance_checks": report.checks} if kind != "actguide" else {}),  # per '<check>.<guidance kind>'
             "preview": _preview(rows)})
 
@@ -144,6 +148,8 @@ def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
     its re-validation record (`recheck_*` columns to filter on) and quarantine reason."""
     out, layout, gone = settings.layout().dataset_rows(), settings.layout(), list(_left_out(settings))
     tables = {kind: read_dataset(out, kind) for kind in DATASET_KINDS}
+    for config in {DPO_FORMS[form] for form in settings.resolved().datasets.dpo_pair_at} - set(tables):
+        tables[config] = read_dataset(out, config)  # the DPO forms asked for besides `dpo`
     trajectories = _trajectories(settings)
     tables["trajectories"] = trajectories.filter(~pl.col("instance_id").is_in(gone)) if trajectories.height \
         else trajectories
@@ -159,7 +165,8 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     """A local Hugging Face dataset folder: Parquet per config and split, a dataset card, the k*/K histogram; a
     release named by the batch when its rows differ from the last release's (pipeline/datasets/release.py)."""
     config, batch = settings.resolved(), settings.batch_name(context)
-    plans = [pl.read_parquet(f) for f in settings.layout().guidance_files()]
+    # each plan with its batch: chosen rows join their plan on (batch, task), a task may be rescued in several
+    plans = [pl.read_parquet(f).with_columns(batch=pl.lit(f.parent.name)) for f in settings.layout().guidance_files()]
     folder = settings.layout().export()
     tables, moved = split_by_task(_export_tables(settings), settings.layout().read_tasks(), config.datasets.test_fraction)
     dpo = tables["dpo"]

@@ -30,7 +30,8 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
     plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
     if "action" in config.kinds:
-        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], make_policy(settings, credentials),
+        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved],
+                              make_policy(settings, credentials, batch),
                               settings.resolved().rollout, config, layout.trajectories("probes", batch), batch,
                               stored=stored_references(layout, failed, batch))
     path = write_rows(layout.guidance(batch), [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
@@ -58,7 +59,7 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     batch, layout, config = settings.batch_name(context), settings.layout(), settings.resolved()
     plans = layout.read_plans(batch)
     tasks = {t.instance_id: t for t in layout.read_tasks()}
-    policy = make_policy(settings, credentials)
+    policy = make_policy(settings, credentials, batch)
     out = layout.trajectories("guided", batch)
     summary, cascade = guided_batch(tasks, plans, policy, config.rollout, config.guidance, out, batch,
                                     progress=context.log.info)

@@ -138,8 +138,13 @@ def retried_on_infra(compute):
     return run
 
 
-def make_policy(settings: _Settings, credentials: Credentials):
-    """The policy the settings name, built now (only the assets that run it call this)."""
+def make_policy(settings: _Settings, credentials: Credentials, batch: str = ""):
+    """The policy that rolls `batch` out: the one its round names (pipeline/rounds.py: the settings' policy, or the
+    latest checkpoint of `policy.from_stage`), built now (only the assets that run it call this); without a batch,
+    the settings' policy."""
     from pipeline.agent.factory import make_policy as build
+    from pipeline.rounds import batch_policy
 
-    return build(settings.resolved().policy, api_key=credentials.key("policy"))
+    config, key = settings.resolved(), credentials.key("policy")
+    spec = batch_policy(settings.layout(), config.policy, batch, key)[1] if batch else config.policy
+    return build(spec, api_key=key)

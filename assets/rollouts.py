@@ -12,6 +12,8 @@ from assets.resources import Credentials, HandholdSettings, make_policy, retried
 from pipeline.invariants import batch_invariants
 from pipeline.records import Task
 from pipeline.rollouts import plan_jobs, run_batch
+from pipeline.round_report import lineage, lineage_markdown, needed_guidance_before, round_outcome
+from pipeline.rounds import RoundRecord, finish_round, start_round
 from pipeline.tasks.flakiness import (QuarantinedTask, quarantine_markdown, quarantined, read_rechecks,
                                        record_rechecks, rollout_records)
 
@@ -36,17 +38,33 @@ def attemptable(settings: HandholdSettings, held: Mapping[str, QuarantinedTask] 
     return {t.instance_id: t for t in settings.layout().read_tasks() if t.instance_id not in held}
 
 
-def rollout_tasks(settings: HandholdSettings, policy: str, batch: str) -> list[Task]:
+def rollout_tasks(settings: HandholdSettings, policy: str, batch: str, revisit: set[str] = frozenset()) -> list[Task]:
     """The batch's tasks: those not quarantined, those `policy` has not attempted in another batch first (a
-    nightly batch takes new tasks), repositories interleaved, cut to `rollout_tasks`."""
+    nightly batch takes new tasks), of those the `revisit` ones first (a round after the first: the tasks that
+    needed guidance earlier, whose share it solves is the loop's measure), repositories interleaved, cut to
+    `rollout_tasks`."""
     done = attempted_elsewhere(settings, policy, batch)
     by_repo: dict[str, list[Task]] = {}
     for task in attemptable(settings).values():
         by_repo.setdefault(task.repo, []).append(task)
     tasks = [t for group in zip_longest(*by_repo.values()) for t in group if t is not None]
-    tasks.sort(key=lambda t: t.instance_id in done)  # stable: the interleaved order kept within each part
+    tasks.sort(key=lambda t: (t.instance_id in done, t.instance_id not in revisit))  # stable: interleaving kept
     limit = settings.resolved().rollout_tasks
     return tasks[:limit] if limit else tasks
+
+
+def round_metadata(record: RoundRecord, settings: HandholdSettings) -> dict:
+    """The batch's round as metadata: policy, the run and data that made it, what it solved without guidance, and
+    every round so far."""
+    made, outcome = record.trained_by, record.outcome
+    return {"round": record.round, "policy_revision": record.revision or "(none on disk)",
+            "trained_by": f"{made.stage} in batch {made.batch} (round {made.round})" if made.stage else "(settings)",
+            "trained_on_dataset": f"{made.dataset_release or 'local export'} {made.dataset_sha256}" if made.stage
+            else "(none)", "needed_guidance_before": len(outcome.needed_guidance),
+            "solved_without_guidance": len(outcome.solved),
+            "solved_without_guidance_share": dg.MetadataValue.float(outcome.share) if outcome.needed_guidance
+            else dg.MetadataValue.null(),
+            "lineage": dg.MetadataValue.md(lineage_markdown(lineage(settings.layout())))}
 
 
 @dg.asset(group_name="rollouts", kinds={"parquet", "docker"}, deps=["tasks"], pool="sandboxes",
@@ -54,13 +72,18 @@ def rollout_tasks(settings: HandholdSettings, policy: str, batch: str) -> list[T
 @retried_on_infra
 def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
-    """N unguided attempts per task by the configured policy, each graded by the task's tests."""
-    policy, config, batch = make_policy(settings, credentials), settings.resolved().rollout, settings.batch_name(context)
+    """N unguided attempts per task by the batch's policy (its round: pipeline/rounds.py), each graded by the task's
+    tests; what it solves of the tasks that needed guidance in an earlier round."""
+    config, batch, layout = settings.resolved(), settings.batch_name(context), settings.layout()
+    record, _ = start_round(layout, config.policy, batch, credentials.key("policy"))
+    policy = make_policy(settings, credentials, batch)
     skipped = quarantine(settings)  # as the plan saw it: this batch's own records quarantine from the next one
-    tasks = rollout_tasks(settings, policy.name, batch)
-    jobs = plan_jobs(tasks, policy, config, batch)
-    out = settings.layout().trajectories("unguided", batch)
-    summary = run_batch(jobs, policy, config, out, batch, progress=context.log.info)
+    revisit = needed_guidance_before(layout, batch, config.guidance.delta) if record.round else set()
+    tasks = rollout_tasks(settings, policy.name, batch, revisit)
+    jobs = plan_jobs(tasks, policy, config.rollout, batch)
+    out = layout.trajectories("unguided", batch)
+    summary = run_batch(jobs, policy, config.rollout, out, batch, progress=context.log.info)
+    record = finish_round(layout, record, round_outcome(layout, batch, summary.trajectories, config.guidance.delta))
     metrics = summary.metrics()
     invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks})
     records = rollout_records(summary.trajectories, invariants["regrade_mismatch_rows"], batch)
@@ -69,6 +92,6 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
         "path": str(out / "trajectories.parquet"), "policy": policy.name, "tasks": len(tasks),
         "quarantined_skipped": len(skipped), "quarantine": dg.MetadataValue.md(quarantine_markdown(skipped.values())),
         "graded_inconsistently": [r.instance_id for r in records],
-        "attempts_per_task": config.attempts, **metrics, **invariants,
+        "attempts_per_task": config.rollout.attempts, **metrics, **invariants, **round_metadata(record, settings),
     }, check_results=rollout_checks("unguided_rollouts", out / "trajectories.parquet", batch, summary.trajectories,
-                                    invariants, config.max_infra_error_rate))
+                                    invariants, config.rollout.max_infra_error_rate))

@@ -17,7 +17,8 @@ from pipeline.agent.factory import PolicySpec, make_policy
 from pipeline.costs import CostConfig
 from pipeline.datasets.release import dataset_identity
 from pipeline.pictures import markdown_image
-from training.common import read_run, starting_model
+from pipeline.rounds import TrainingStart, training_start
+from training.common import add_to_config, read_run, starting_model
 from training.launch import launch
 
 STAGES = ("sft", "dpo", "actguide")
@@ -33,17 +34,20 @@ def run_dir(settings: HandholdSettings, context, stage: str) -> Path:
 
 
 def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, stage: str) -> dg.MaterializeResult:
-    """Train `stage` on the exported dataset folder, in process or through Pipes; report the run folder."""
+    """Train `stage` on the exported dataset folder, in process or through Pipes, from where its round starts and on
+    its rounds' rows (pipeline/rounds.py); report the run folder."""
     config = settings.resolved().training
     stage_config = getattr(config, stage)
     if not stage_config.enabled:
         return dg.MaterializeResult(metadata={"skipped": f"training.{stage}.enabled is false"})
-    layout = settings.layout()
-    model = starting_model(config.model, layout)
+    layout, batch = settings.layout(), settings.batch_name(context)
+    start = training_start(layout, stage, batch, starting_model(config.model, layout), config.restart_from_base,
+                           config.rounds_window)
     dataset, out = layout.export(), run_dir(settings, context, stage)
     read = dataset_identity(dataset)  # before training: the folder the run reads, whatever a later night writes
-    reported = launch(context, config, stage, model, dataset, out, layout.root)
+    reported = launch(context, config, stage, start.model, dataset, out, layout.root, start.batches)
     (out / "dataset.json").write_text(json.dumps(read, indent=2))  # the run folder is emptied when it starts
+    add_to_config(out, start.as_config())  # where it started, in which round, on which batches' rows
     summary, metrics = read_run(out)
     last = metrics[-5:]
     columns = sorted({k for row in last for k in row if isinstance(row[k], float)})
@@ -51,10 +55,19 @@ def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, s
     table += ["| " + " | ".join(f"{row.get(c, float('nan')):.4g}" for c in columns) + " |" for row in last]
     return dg.MaterializeResult(metadata={
         **reported, **{k: summary[k] for k in HEADLINE if summary.get(k) is not None}, **read,
-        "checkpoint": dg.MetadataValue.path(str(out / "checkpoint")), "starting_model": model,
+        "checkpoint": dg.MetadataValue.path(str(out / "checkpoint")), **round_metadata(start),
         "launcher": config.launcher, "metrics": dg.MetadataValue.path(str(out / "metrics.jsonl")),
         "last_steps": dg.MetadataValue.md("\n".join(table)),
         "loss_curve": dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "loss"))})
+
+
+def round_metadata(start: TrainingStart) -> dict:
+    """Where the run started (a checkpoint of an earlier round, or training.model), its round and its rows."""
+    made = start.made_by
+    return {"starting_model": start.model, "round": start.round, "reference_model": start.model,
+            "starting_model_from": f"{made.stage} in batch {made.batch} (round {made.round})" if made.stage
+            else "training.model", "rounds_window": start.rounds_window,
+            "rows_of_batches": ", ".join(start.batches) if start.batches is not None else "every batch"}
 
 
 @dg.asset(group_name="training", kinds={"pytorch"}, deps=["dataset_export"], automation_condition=after_new_batch())

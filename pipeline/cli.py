@@ -11,11 +11,10 @@ import logging
 import sys
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
-from pipeline.instance import (POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags,
-                               release_dead_runs)
+from pipeline.instance import UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags, release_dead_runs
+from pipeline.status import headline, run_status
 
 DEFAULT_CONFIG = "configs/default.yaml"
 SELECTION_HELP = "a Dagster asset selection, e.g. 'key:tasks+', 'key:tasks or key:guidance', 'group:datasets'"
@@ -57,14 +56,6 @@ def batch_partition(defs, instance, keys: list, settings: dict) -> str | None:
     if not any(graph.get(k).partitions_def for k in keys):
         return None
     return ensure_batch(instance, batch_key(settings.get("batch", "")))
-
-
-def headline(metadata: dict, most: int = 6) -> str:
-    """A materialization's numbers, `name=value`, the first `most` of them."""
-    values = [(name, getattr(value, "value", value)) for name, value in metadata.items()]
-    numbers = [f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}" for name, value in values
-               if isinstance(value, (int, float)) and not isinstance(value, bool)]
-    return " ".join(numbers[:most])
 
 
 class Progress:
@@ -131,6 +122,8 @@ def root_error(failure):
 
 
 HEAD_TO_HEAD = (
+    ("unguided_rollouts", "lineage", "Rounds: the policy that rolled each batch out, the run and data that made it, and "
+                                     "of the tasks that needed guidance in an earlier round those it solved without"),
     ("guided_rollouts", "head_to_head", "Guidance families head to head on the same failed groups, with costs"),
     ("guided_rollouts", "cascade", "What the cascade saved"),
     ("dataset_export", "costs", "Cost per resolved task and per DPO pair, every batch"),
@@ -177,48 +170,31 @@ def run_run(args: argparse.Namespace) -> int:
     return run_selection(args.select, args.config, args.set)
 
 
+# The demo's next round: the next batch rolled out by the checkpoint the first round trained, on the tasks that needed
+# guidance in it first (rollout_tasks 2, pipeline/rounds.py), then its rows and the checkpoint trained on from the
+# first. Its rescue (guidance, guided rollouts) and the other stages are left out to keep the demo under 10 minutes.
+# The tiny checkpoint solves nothing, so its batch adds no row to train on: it trains on both rounds' rows.
+DEMO_ROUND = "key:unguided_rollouts or key:dpo_dataset or key:actguide_dataset or key:sft_dataset or key:dataset_export"
+DEMO_ROUND_SETTINGS = ("rollout_tasks=2", "training.rounds_window=2")
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    """The whole graph with the default experiment, every asset's metadata printed."""
-    return run_selection("*", args.config, args.set, full=True)
+    """The whole graph with the default experiment, every asset's metadata printed; with `policy.from_stage` set, a
+    second round: the next batch rolled out by the checkpoint the first trained, and the rounds' lineage."""
+    from assets.partitions import batch_key
 
-
-def run_status(args: argparse.Namespace) -> int:
-    """What DAGSTER_HOME records: each asset's latest materialization and numbers, checks, the latest run."""
-    from assets.definitions import defs
-
-    home = ensure_dagster_home()
-    instance = instance_with_pool_limit()
-    release_dead_runs(instance)
-    graph = defs.resolve_asset_graph()
-    keys = graph.toposorted_asset_keys
-    width = max(len(k.to_user_string()) for k in keys)
-    print(f"{home}")
-    for key in keys:
-        entry = instance.get_latest_materialization_event(key)
-        mat = entry.asset_materialization if entry else None
-        when = f"{_when(entry.timestamp)}{f' [{mat.partition}]' if mat.partition else ''}" if mat else "never"
-        print(f"  {key.to_user_string():<{width}}  {when:<19}  {headline(mat.metadata) if mat else ''}".rstrip())
-    checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(graph.asset_check_keys))
-    for check_key, record in sorted(checks.items(), key=lambda kv: kv[0].to_user_string()):
-        evaluation = record.event.asset_check_evaluation if record.event else None
-        state = "not evaluated" if evaluation is None else "passed" if evaluation.passed else "FAILED"
-        print(f"  check {check_key.to_user_string()}  {state}  {_when(record.create_timestamp)}")
-    runs = instance.get_run_records(limit=1)
-    if runs:
-        run = runs[0]
-        took = f" in {run.end_time - run.start_time:.0f} s" if run.start_time and run.end_time else ""
-        print(f"latest run {run.dagster_run.run_id[:8]} ({run.dagster_run.job_name}): "
-              f"{run.dagster_run.status.value.lower()}{took}, created {_when(run.create_timestamp.timestamp())}")
-    else:
-        print("no run yet: `handhold run` or `make dev`")
-    pool = instance.event_log_storage.get_concurrency_info(POOL)
-    print(f"pool {POOL}: limit {pool.limit if pool.limit is not None else 'none'}, {pool.active_slot_count} in use, "
-          f"{pool.pending_step_count} waiting")
-    return 0
-
-
-def _when(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    config = run_config(args.config, args.set)
+    values = config["resources"]["settings"]["config"] if config else {}
+    first = batch_key(values.get("batch", ""))
+    code = run_selection("*", args.config, [*args.set, f"batch={first}"], full=True)
+    stage = (values.get("policy") or {}).get("from_stage", "")
+    if code or not stage:
+        return code
+    second = f"{first}-next"
+    print(f"\nthe next round: batch {second}, rolled out by the latest {stage} checkpoint "
+          f"({', '.join(DEMO_ROUND_SETTINGS)}), its rows exported, {stage} trained on from that checkpoint", flush=True)
+    return run_selection(f"{DEMO_ROUND} or key:{stage}_model", args.config,
+                         [*args.set, f"batch={second}", *DEMO_ROUND_SETTINGS], full=True)
 
 
 def run_show_config(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 the seconds its commands ran in the sandbox, the grading's seconds and the attempt's wall seconds; the teacher's
 tokens of each guidance record; in money through per-million-token and per-hour prices (zero for local models
 and machines). Grouped by origin (unguided, each guidance family: its guided attempts, the action family's
-prefix-search probes and the teacher calls that wrote its guidance)."""
+prefix-search probes and the teacher calls that wrote its guidance; `combined` guidance shares the call that
+wrote the three parts it holds)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ def attempt_cost(t: Trajectory, prices: CostConfig) -> dict:
 
 def guidance_cost(p: GuidancePlan, prices: CostConfig) -> dict:
     """One guidance record's share of the teacher call that wrote it: tokens and money (0 for the rule teacher
-    and the action search, whose probes are attempts)."""
+    and the action search, whose probes are attempts). One answer writes Agent-RLVR's three parts, and the
+    combined guidance is those parts: the call is split evenly among the records kept from it, combined one of
+    them (each family alone would have paid the whole call, so an even split keeps them level and the rows sum
+    to what was paid)."""
     share = max(1, p.teacher_call_share)
     money = (p.teacher_tokens_in * prices.teacher_input_per_million
              + p.teacher_tokens_out * prices.teacher_output_per_million) / 1e6

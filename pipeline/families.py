@@ -1,4 +1,5 @@
-"""The guidance families head to head on the same failed groups: per family, the groups it was tried on,
+"""The guidance families (pipeline/vocab.py GUIDANCE_KINDS: Agent-RLVR's three parts, them combined in one prompt,
+hindsight, action prefixes) head to head on the same failed groups: per family, the groups it was tried on,
 those it rescued, the guided pass rate, k*/K for action guidance, and the guidance set aside (leaking the
 gold patch, or the teacher's failure)."""
 

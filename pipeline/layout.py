@@ -4,7 +4,8 @@ of the stored tables. Nothing else names a folder of the data folder.
     cache/                                    sdists, wheels, synthesized tasks per package and settings (or cache_dir)
     sources/dataset_tasks.parquet             public dataset rows read (task_sources), and their rejects
     tasks/tasks.parquet                       validated tasks, their rejects, the synthesis report
-    trajectories/{unguided,guided}/<batch>/   one batch's attempts (trajectories.parquet, shards/)
+    trajectories/{unguided,guided}/<batch>/   one batch's attempts (trajectories.parquet, shards/); unguided/<batch>/
+                                              round.json: the policy that rolled the batch out (pipeline/rounds.py)
     trajectories/probes/<batch>/<task>/       the action-prefix search's probes, stored as batch <batch>-probes
     guidance/<batch>/guidance.parquet         the rescue's plans
     datasets/rows/, datasets/hf/              the built rows per kind and batch; the exported dataset
@@ -104,6 +105,14 @@ class Layout:
             raise ValueError(f"unknown trajectory origin {origin!r}; choose from {list(ORIGINS)}")
         return self._at("trajectories", origin, batch)
 
+    def round_record(self, batch: str) -> Path:
+        """The batch's round record: which policy rolled it out, and what made that policy."""
+        return self.trajectories("unguided", batch) / "round.json"
+
+    def round_batches(self) -> list[str]:
+        """Batches with a round record, in name order."""
+        return sorted(p.parent.name for p in self._at("trajectories", "unguided").glob("*/round.json"))
+
     def trajectory_file(self, origin: str, batch: str) -> Path:
         """A batch's compacted attempts."""
         return self.trajectories(origin, batch) / "trajectories.parquet"
@@ -166,6 +175,10 @@ class Layout:
 
     def training_run(self, stage: str, batch: str) -> Path:
         return self._at("models", stage, batch)
+
+    def checkpoint_batches(self, stage: str) -> list[str]:
+        """The batches whose `stage` training run left a checkpoint, in name order."""
+        return sorted(p.parent.name for p in self._at("models", stage).glob("*/checkpoint") if p.is_dir())
 
     def tiny_model(self) -> Path:
         return self._at("models", "tiny")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-RlvrKind = Literal["plan", "environment_feedback", "environment_interaction"]
-"""Agent-RLVR's guidance, written from one failed attempt: a plan, feedback on the environment, hints on
-interacting with it."""
+RlvrPart = Literal["plan", "environment_feedback", "environment_interaction"]
+"""Agent-RLVR's three parts of guidance, written from one failed attempt: a plan, feedback on the environment,
+hints on interacting with it."""
+RlvrKind = Literal[RlvrPart, "combined"]
+"""Agent-RLVR's guidance kinds: each part on its own, then the three in one prompt (the seed's ablation found
+them best together; written from the same teacher answer, never a second call)."""
 TeacherKind = Literal[RlvrKind, "hindsight"]
 """Guidance a teacher writes: Agent-RLVR's kinds, then hindsight (what the group's failed attempts got wrong)."""
 GuidanceKind = Literal[TeacherKind, "action"]
@@ -15,6 +18,7 @@ GuidanceKind = Literal[TeacherKind, "action"]
 DatasetKind = Literal["dpo", "actguide", "sft"]
 """The datasets built from trajectories, each a config of the exported dataset."""
 
+RLVR_PARTS: tuple[RlvrPart, ...] = get_args(RlvrPart)
 RLVR_KINDS: tuple[RlvrKind, ...] = get_args(RlvrKind)
 TEACHER_KINDS: tuple[TeacherKind, ...] = get_args(TeacherKind)
 GUIDANCE_KINDS: tuple[GuidanceKind, ...] = get_args(GuidanceKind)

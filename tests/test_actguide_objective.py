@@ -5,7 +5,10 @@ previous one and on everything before it, so a hint in the prompt changes every 
 The cases are chosen so that each term, made wrong, moves the result: ratios on both sides of the clip
 range under positive and negative advantages, group sizes whose std is not 1, a guided attempt (numerator
 on the unguided prompt, denominator on the guided one), a current model away from the starting one (the
-KL's direction) and a rescued group whose members only count when merged.
+KL's direction) and a rescued group whose members only count when merged. The loss is VeRL's (ActGuide-RL's
+reference): ratios clamped in log space, a dual clip on negative advantages, a clamped low-variance KL; its parts are
+pinned on numbers worked out by hand, and the tiny model checks what micro-batches and chunked log-probs must not
+change.
 """
 
 from __future__ import annotations
@@ -15,36 +18,54 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.agent.policy import PolicyIdentity
 from training.actguide import ActGuideTrainer
 from training.actguide_examples import prepare_examples
+from training.actguide_objective import low_var_kl, policy_terms
 from training.common import TrainingDataError
 from training.config import ActGuideTrainingConfig
+from training.logprobs import sampled_logps
 from training.tiny_model import IM_END
 
 IDENTITY = PolicyIdentity("toy", "sha256:toy", "template")
 PROMPT = [{"role": "system", "content": "S", "tool_calls": None, "tool_call_id": None},
           {"role": "user", "content": "fix", "tool_calls": None, "tool_call_id": None}]
 GUIDED = [PROMPT[0], {**PROMPT[1], "content": "fix hint: run tests"}]
-# the advantages worked out by hand: (r - mean) / population std within each training group
-MIXED = {"u0": 2 ** 0.5, "u1": -(2 ** -0.5), "u2": -(2 ** -0.5)}  # rewards 1, 0, 0
-MERGED = {"b_u0": -(3 ** -0.5), "b_u1": -(3 ** -0.5), "b_g0": 3 ** 0.5, "b_g1": -(3 ** -0.5)}  # 0, 0 | 1, 0
-TARGET_RATIOS = (1.5, 0.5, 1.1, 0.7)  # stored behaviour chosen so ratios land on both sides of [0.8, 1.2]
+# the advantages worked out by hand, as VeRL computes them: (r - mean) / (sample std + 1e-6) within each group
+MIXED = {"u0": (2 / 3) / (3 ** -0.5 + 1e-6), "u1": (-1 / 3) / (3 ** -0.5 + 1e-6),
+         "u2": (-1 / 3) / (3 ** -0.5 + 1e-6)}  # rewards 1, 0, 0: mean 1/3, sample std sqrt(1/3)
+MERGED = {"b_u0": -0.25 / 0.500001, "b_u1": -0.25 / 0.500001, "b_g0": 0.75 / 0.500001,
+          "b_g1": -0.25 / 0.500001}  # 0, 0 | 1, 0: mean 1/4, sample std 1/2
+# stored behaviour chosen so ratios land on both sides of [0.8, 1.2], and 4.0 beyond the dual clip's 3
+TARGET_RATIOS = (1.5, 0.5, 1.1, 0.7, 4.0)
 
 
 class Toy(torch.nn.Module):
-    """logits[t] = A[x_t] + cumulative sum of B[x_s] for s <= t."""
+    """logits[t] = A[x_t] + cumulative sum of B[x_s] for s <= t, laid out as the trainer calls a causal LM: its
+    backbone's hidden state at t is the one-hot of x_t beside the counts of x_0..x_t, its output head [A; B]^T."""
 
     def __init__(self, vocab: int, seed: int):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.A = torch.nn.Parameter(torch.randn(vocab, vocab, generator=g))
         self.B = torch.nn.Parameter(0.3 * torch.randn(vocab, vocab, generator=g))
+        self.base_model = ToyBackbone(vocab)
+        self.config = SimpleNamespace(get_text_config=SimpleNamespace)  # no softcap, no logit scale
 
-    def forward(self, input_ids, attention_mask=None):
-        return SimpleNamespace(logits=self.A[input_ids] + self.B[input_ids].cumsum(dim=1))
+    def get_output_embeddings(self):
+        return SimpleNamespace(weight=torch.cat([self.A, self.B]).T, bias=None)  # (vocab, 2 * vocab)
+
+
+class ToyBackbone(torch.nn.Module):
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids, attention_mask=None, use_cache=None):
+        one_hot = torch.nn.functional.one_hot(input_ids, self.vocab).float()  # (rows, positions, vocab)
+        return SimpleNamespace(last_hidden_state=torch.cat([one_hot, one_hot.cumsum(dim=1)], dim=-1))
 
 
 def hand_logps(A, B, context: list[int], ids: list[int]):
@@ -72,7 +93,7 @@ def member(tokenizer, rid: str, under: str, reward: float, ids: list[int], logpr
             "completion": [{"role": "assistant", "content": "x", "tool_calls": None, "tool_call_id": None}],
             "prompt_token_ids": [context], "token_ids": [ids], "logprobs": [logprobs],
             "policy_model": IDENTITY.model, "policy_revision": IDENTITY.revision,
-            "chat_template_hash": IDENTITY.chat_template_hash}
+            "chat_template_hash": IDENTITY.chat_template_hash, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 
 def cases(tokenizer, current: Toy):
@@ -88,7 +109,7 @@ def cases(tokenizer, current: Toy):
         sampled = context_ids(tokenizer, GUIDED if under == "guided" else PROMPT)
         with torch.no_grad():
             current_logps = hand_logps(current.A, current.B, context_ids(tokenizer, PROMPT), ids)
-        stored = [float(lp - math.log(TARGET_RATIOS[(n + j) % 4])) for j, lp in enumerate(current_logps)]
+        stored = [float(lp - math.log(TARGET_RATIOS[(n + j) % 5])) for j, lp in enumerate(current_logps)]
         rows[row].append(member(tokenizer, rid, under, reward, ids, stored))
         expected.append((rid, {**MIXED, **MERGED}[rid], sampled, ids, stored))
     chat = dict(tools="[]", prompt=PROMPT)
@@ -97,9 +118,9 @@ def cases(tokenizer, current: Toy):
 
 
 def hand_loss(start: Toy, current: Toy, tokenizer, expected, mode: str, clip: float, kl_weight: float,
-              ratios: list | None = None):
-    """PPO's clipped objective with a k3 KL to the starting model, token mean, written out on its own;
-    the ratios are appended to `ratios`."""
+              dual_clip: float, seen: dict):
+    """VeRL's clipped objective (dual clip below negative advantages) with its low-variance KL to the starting
+    model, token mean, written out on its own; `seen` gets the ratios and which clip set each token's loss."""
     unguided = context_ids(tokenizer, PROMPT)
     terms, kls = [], []
     for _, advantage, sampled, ids, stored in expected:
@@ -107,12 +128,17 @@ def hand_loss(start: Toy, current: Toy, tokenizer, expected, mode: str, clip: fl
         with torch.no_grad():
             behaviour = torch.tensor(stored) if mode == "stored" else hand_logps(start.A, start.B, sampled, ids)
             reference = hand_logps(start.A, start.B, unguided, ids)
-        ratio = torch.exp(logp - behaviour)
-        (ratios if ratios is not None else []).extend(ratio.tolist())
-        terms.append(torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage))
-        kls.append(torch.exp(reference - logp) - (reference - logp) - 1)
+        ratio = torch.exp(torch.clamp(logp - behaviour, -20, 20))
+        unclipped, clipped = -advantage * ratio, -advantage * ratio.clamp(1 - clip, 1 + clip)
+        loss = torch.maximum(unclipped, clipped)
+        seen["clipped"] += (clipped > unclipped).tolist()
+        seen["dual"] += ((loss > -advantage * dual_clip) & (advantage < 0)).tolist()
+        seen["ratios"] += ratio.tolist()
+        terms.append(torch.minimum(loss, torch.tensor(-advantage * dual_clip)) if advantage < 0 else loss)
+        delta = torch.clamp(reference - logp, -20, 20)
+        kls.append(torch.clamp(torch.exp(delta) - delta - 1, -10, 10))
     tokens = sum(len(ids) for *_, ids, _ in expected)
-    return -torch.cat(terms).sum() / tokens + kl_weight * torch.cat(kls).sum() / tokens
+    return torch.cat(terms).sum() / tokens + kl_weight * torch.cat(kls).sum() / tokens
 
 
 @pytest.mark.parametrize("mode", ["stored", "recompute"])
@@ -123,47 +149,88 @@ def test_loss_and_gradient_match_the_hand_computation(tokenizer, mode):
         current.A.add_(0.5 * torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)))
         current.B.add_(0.2 * torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(2)))
     rows, expected = cases(tokenizer, current)
-    config = ActGuideTrainingConfig(behaviour_logprobs=mode, batch_size=16, clip=0.2, kl_weight=0.5)
+    config = ActGuideTrainingConfig(guided_group="merge", behaviour_logprobs=mode, batch_size=16, clip=0.2,
+                                    kl_weight=0.5, dual_clip=3.0, micro_batch_tokens=64, logprob_chunk_tokens=2)
     examples, counts = prepare_examples(rows, tokenizer, config, IDENTITY)
     assert sorted(e.rollout_id for e in examples) == sorted(rid for rid, *_ in expected)
     assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({**MIXED, **MERGED})
     model = Toy(vocab, seed=0)
     trainer = ActGuideTrainer(model, tokenizer, examples, config)  # behaviour and reference: the starting model
+    assert len(trainer._micro_batches(trainer.batches[0], guided=False)) > 1  # the token mean spans micro-batches
     with torch.no_grad():
         model.A.copy_(current.A)
         model.B.copy_(current.B)
     model.zero_grad()
-    loss, row = trainer.loss(trainer.batches[0])
-    loss.backward()
-    ratios: list[float] = []
-    want = hand_loss(start, current, tokenizer, expected, mode, clip=0.2, kl_weight=0.5, ratios=ratios)
+    row = trainer.gradients(trainer.batches[0])
+    seen = {"ratios": [], "clipped": [], "dual": []}
+    want = hand_loss(start, current, tokenizer, expected, mode, clip=0.2, kl_weight=0.5, dual_clip=3.0, seen=seen)
     want.backward()
+    ratios = seen["ratios"]
     assert row["ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
     assert row["ratio_mean"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
-    assert row["clip_fraction"] == pytest.approx(sum(abs(r - 1) > 0.2 for r in ratios) / len(ratios))
-    assert loss.item() == pytest.approx(want.item(), abs=1e-5)
+    assert row["clip_fraction"] == pytest.approx(sum(seen["clipped"]) / len(ratios))
+    assert row["dual_clip_fraction"] == pytest.approx(sum(seen["dual"]) / len(ratios))
+    assert row["loss"] == pytest.approx(want.item(), abs=1e-5) and row["policy_tokens"] == len(ratios)
     assert torch.allclose(model.A.grad, current.A.grad, atol=1e-6)
     assert torch.allclose(model.B.grad, current.B.grad, atol=1e-6)
     assert row["clip_fraction"] > 0 and row["kl"] > 0  # the clip and the KL both bite in this case
+    assert mode == "recompute" or row["dual_clip_fraction"] > 0  # stored: ratio 4 under a negative advantage
+
+
+def test_dual_clip_bounds_a_negative_advantage_tokens_loss():
+    """Ratio 5 (log-ratio log 5), advantage -2, clip 0.2: PPO's loss is max(-A r, -A clip(r)) = max(10, 2.4) = 10;
+    the dual clip 3 bounds it at 3 * |A| = 6 and stops its gradient; without it (0) the loss stays 10, d/dlogp = 10."""
+    logp = torch.tensor([math.log(5.0)], requires_grad=True)
+    bounded = policy_terms(logp, torch.zeros(1), -2.0, clip=0.2, dual_clip=3.0)
+    bounded.loss.sum().backward()
+    assert bounded.loss.item() == pytest.approx(6.0) and logp.grad.item() == 0.0
+    assert bounded.dual_clipped.tolist() == [True] and bounded.clipped.tolist() == [False]
+    logp.grad = None
+    free = policy_terms(logp, torch.zeros(1), -2.0, clip=0.2, dual_clip=0.0)
+    free.loss.sum().backward()
+    assert free.loss.item() == pytest.approx(10.0) and logp.grad.item() == pytest.approx(10.0)
+    assert free.dual_clipped.tolist() == [False]
+    # the same ratio under A = +2: clipped at 1.2, -2.4; ratio 0.5 under A = -2: clipped at 0.8, 1.6, within 6
+    positive = policy_terms(torch.tensor([math.log(5.0)]), torch.zeros(1), 2.0, clip=0.2, dual_clip=3.0)
+    assert positive.loss.item() == pytest.approx(-2.4) and positive.clipped.tolist() == [True]
+    low = policy_terms(torch.tensor([math.log(0.5)]), torch.zeros(1), -2.0, clip=0.2, dual_clip=3.0)
+    assert low.loss.item() == pytest.approx(1.6) and low.clipped.tolist() == [True]
+    assert low.dual_clipped.tolist() == [False]
+
+
+def test_the_log_ratio_and_the_kl_are_clamped():
+    """A log-ratio of 30 is taken as 20: ratio e^20 = 485,165,195.4 (not e^30), the loss under A = -1 with no dual
+    clip e^20. k3 = e^d - d - 1 of d = reference - logp: d = 0.5 gives 0.148721; d = 3 gives 16.09, clamped to 10;
+    d = -30 gives 29, clamped to 10; d = 1000 would overflow: taken as 20, clamped to 10, its gradient 0 (not nan)."""
+    far = policy_terms(torch.tensor([30.0]), torch.zeros(1), -1.0, clip=0.2, dual_clip=0.0)
+    assert far.ratio.item() == pytest.approx(485165195.4, rel=1e-6) and far.loss.item() == pytest.approx(485165195.4,
+                                                                                                           rel=1e-6)
+    logp = torch.zeros(4, requires_grad=True)
+    kl = low_var_kl(logp, torch.tensor([0.5, 3.0, -30.0, 1000.0]))
+    assert kl.tolist() == pytest.approx([math.exp(0.5) - 1.5, 10.0, 10.0, 10.0], rel=1e-6)
+    kl.sum().backward()
+    assert logp.grad.tolist() == pytest.approx([-(math.exp(0.5) - 1), 0.0, 0.0, 0.0], rel=1e-6)
 
 
 def test_replace_trains_on_the_guided_attempts_alone(tokenizer):
     rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
     config = ActGuideTrainingConfig(guided_group="replace", behaviour_logprobs="stored")
     examples, _ = prepare_examples(rows, tokenizer, config, IDENTITY)
-    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({**MIXED, "b_g0": 1.0, "b_g1": -1.0})
+    one = 0.5 / (0.5 ** 0.5 + 1e-6)  # rewards 1, 0: mean 1/2, sample std sqrt(1/2)
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({**MIXED, "b_g0": one, "b_g1": -one})
 
 
 def test_counts_say_where_each_trajectorys_tokens_came_from(tokenizer):
     rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
     _, stored = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="stored"), IDENTITY)
-    assert stored == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "too_long": 0, "stored_tokens": 7,
-                      "rendered_tokens": 0}
+    assert stored == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "zero_advantage_members": 0,
+                      "rerender_mismatch": 0, "too_long": 0, "cut_before_last_edit": 0, "stored_tokens": 5,
+                      "rendered_tokens": 0}  # replace: b's two guided attempts, not its unguided ones
     other = PolicyIdentity("toy", IDENTITY.revision, "another template")  # its ids would not be this template's
     _, rendered = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"), other)
-    assert (rendered["stored_tokens"], rendered["rendered_tokens"]) == (0, 7)
+    assert (rendered["stored_tokens"], rendered["rendered_tokens"]) == (0, 5)
     same = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"), IDENTITY)
-    assert (same[1]["stored_tokens"], same[1]["rendered_tokens"]) == (7, 0)
+    assert (same[1]["stored_tokens"], same[1]["rendered_tokens"]) == (5, 0)
     assert all(e.recorded is None for e in same[0])  # recomputed: the stored numbers are not the behaviour
 
 
@@ -173,7 +240,8 @@ def test_a_partly_solved_task_keeps_its_unguided_group(tokenizer):
     solved = {**rescued, "trajectories": [{**rescued["trajectories"][0], "reward": 1.0, "resolved": True}]
               + rescued["trajectories"][1:]}
     examples, counts = prepare_examples([solved], tokenizer, ActGuideTrainingConfig(), IDENTITY)
-    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({"b_u0": 1.0, "b_u1": -1.0})
+    one = 0.5 / (0.5 ** 0.5 + 1e-6)  # rewards 1, 0
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({"b_u0": one, "b_u1": -one})
     assert counts["guided_groups"] == 0
 
 
@@ -207,10 +275,10 @@ def test_stored_ids_that_do_not_continue_their_prompt_are_refused(tokenizer):
     rows[0]["trajectories"][0] = {**member, "prompt_token_ids": [[5] + member["prompt_token_ids"][0]]}
     with pytest.raises(TrainingDataError, match="trajectory u0 turn 0: its stored context does not start with its "
                                                 "prompt as this tokenizer renders it; set training.actguide"):
-        prepare_examples(rows, tokenizer, ActGuideTrainingConfig(), IDENTITY)
+        prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="stored"), IDENTITY)
     examples, counts = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(behaviour_logprobs="recompute"),
                                         IDENTITY)
-    assert counts["rendered_tokens"] == 1 and counts["stored_tokens"] == 6  # u0 re-rendered from its text
+    assert counts["rendered_tokens"] == 1 and counts["stored_tokens"] == 4  # u0 re-rendered from its text
 
 
 def test_counts_of_equal_reward_groups_and_turns_too_long(tokenizer):
@@ -235,7 +303,7 @@ def test_a_member_with_a_turn_without_ids_or_without_turns_is_refused(tokenizer)
 
 def test_the_schedule_of_batches_and_learning_rate(tokenizer):
     rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
-    examples, _ = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(), IDENTITY)  # 7 examples
+    examples, _ = prepare_examples(rows, tokenizer, ActGuideTrainingConfig(guided_group="merge"), IDENTITY)  # 7
     model = Toy(len(tokenizer), seed=0)
     two_epochs = ActGuideTrainer(model, tokenizer, examples, ActGuideTrainingConfig(batch_size=3, epochs=2))
     assert [len(b) for b in two_epochs.batches] == [3, 3, 1] * 2 and len(two_epochs.first_epoch) == 3
@@ -251,10 +319,46 @@ def test_the_schedule_of_batches_and_learning_rate(tokenizer):
     assert linear.scheduler.get_last_lr() == [0.25]  # no warm-up: the first step takes the full rate
 
 
-def test_a_member_at_the_group_mean_is_left_out_and_the_rest_train(tokenizer):
+def test_a_member_at_the_group_mean_counts_with_advantage_zero_unless_skipped(tokenizer):
     rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
-    rewards = {"u0": 1.0, "u1": 0.5, "u2": 0.0}  # advantages sqrt(3/2), 0, -sqrt(3/2)
+    rewards = {"u0": 1.0, "u1": 0.5, "u2": 0.0}  # mean 1/2, sample std 1/2: advantages 1, 0, -1 (std + 1e-6)
     row = {**rows[0], "trajectories": [{**m, "reward": rewards[m["rollout_id"]]} for m in rows[0]["trajectories"]]}
     examples, counts = prepare_examples([row], tokenizer, ActGuideTrainingConfig(), IDENTITY)
-    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({"u0": 1.5 ** 0.5, "u2": -(1.5 ** 0.5)})
-    assert counts["equal_reward_groups"] == 0
+    one = 0.5 / 0.500001
+    assert {e.rollout_id: e.advantage for e in examples} == pytest.approx({"u0": one, "u1": 0.0, "u2": -one})
+    assert counts["equal_reward_groups"] == 0 and counts["zero_advantage_members"] == 1
+    skipped, _ = prepare_examples([row], tokenizer, ActGuideTrainingConfig(zero_advantage_tokens="skip"), IDENTITY)
+    assert sorted(e.rollout_id for e in skipped) == ["u0", "u2"]
+
+
+def test_zero_advantage_tokens_count_in_the_token_mean_and_the_kl(tokenizer, tiny_model):
+    """u0 (advantage A = 0.5 / (0.5 + 1e-6), about 1; 2 tokens) and u1 (advantage 0, 3 tokens) in one batch. At the
+    first step every ratio is exactly 1, so each token's loss is -A: the mean is -(2 * A + 3 * 0) / 5, about -0.4,
+    not -2 A / 2. Once the model moves, the KL is the k3 sum over all 5 tokens over 5."""
+    rows, _ = cases(tokenizer, Toy(len(tokenizer), seed=0))
+    rewards = {"u0": 1.0, "u1": 0.5, "u2": 0.0}
+    row = {**rows[0], "trajectories": [{**m, "reward": rewards[m["rollout_id"]]} for m in rows[0]["trajectories"]]}
+    config = ActGuideTrainingConfig(behaviour_logprobs="recompute", batch_size=2, kl_weight=0.5)
+    examples, _ = prepare_examples([row], tokenizer, config, IDENTITY)
+    pair = [e for e in examples if e.rollout_id in ("u0", "u1")]
+    assert [e.advantage for e in pair] == pytest.approx([0.5 / 0.500001, 0.0])
+    assert [e.policy_tokens for e in pair] == [2, 3]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    start = AutoModelForCausalLM.from_pretrained(tiny_model)
+    trainer = ActGuideTrainer(model, tokenizer, pair, config)
+    first = trainer.gradients(trainer.batches[0])
+    assert first["loss"] == pytest.approx(-2 * (0.5 / 0.500001) / 5) and first["policy_tokens"] == 5
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+    moved = trainer.gradients(trainer.batches[0])
+    k3 = []
+    for e in pair:
+        (s,) = e.segments
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            now, then = (torch.log_softmax(m(ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+                         [len(s.prompt_ids) - 1:] for m in (model, start))
+        k3 += (torch.exp(then - now) - (then - now) - 1).tolist()
+    assert len(k3) == 5 and moved["kl"] == pytest.approx(sum(k3) / 5, rel=1e-4) and moved["kl"] > 0
+    assert moved["loss"] == pytest.approx(moved["policy_loss"] + 0.5 * moved["kl"])

@@ -164,3 +164,25 @@ def test_a_live_run_keeps_its_slots(home):
     assert release_dead_runs(instance) == []
     assert instance.event_log_storage.get_concurrency_info(POOL).active_slot_count == 1
     assert instance.get_run_by_id("alive").status == dg.DagsterRunStatus.STARTED
+
+
+def test_status_shows_the_rounds_lineage_the_latest_rollouts_recorded(home, capsys):
+    from pipeline.round_report import lineage_markdown
+    from pipeline.rounds import RoundOutcome, RoundRecord, TrainedBy
+
+    made = TrainedBy("sft", "b0", 0, "data/models/sft/b0/checkpoint", "base", "b0", "ab" * 32)
+    rounds = [RoundRecord("b0", 0, "heuristic", outcome=RoundOutcome(True)),
+              RoundRecord("b1", 1, "hf", "data/models/sft/b0/checkpoint", "sha256:" + "cd" * 32, trained_by=made,
+                          outcome=RoundOutcome(True, ("t1", "t2"), ("t2",)))]
+    ensure_dagster_home()
+    instance_with_pool_limit().report_runless_asset_event(dg.AssetMaterialization(
+        "unguided_rollouts", metadata={"lineage": dg.MetadataValue.md(lineage_markdown(rounds))}))
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("rounds (as of the latest unguided_rollouts):")
+    assert out[at + 1:at + 5] == [
+        "  | batch | round | policy | weights | trained by | on dataset | solved without guidance |",
+        "  |---|---|---|---|---|---|---|",
+        "  | b0 | 0 | heuristic | - | - | - | - |",
+        "  | b1 | 1 | hf data/models/sft/b0/checkpoint | sha256:cdcdcdcdcdcd | sft in b0 (round 0) | b0 (abababababab) "
+        "| 1/2 (50%) |"]

@@ -148,10 +148,59 @@ def test_the_rule_teacher_spends_no_tokens():
     task = calc_task()
     plans = teacher_plans({task.instance_id: task}, {task.instance_id: [traj("r0", task.instance_id)]},
                           RuleTeacher(), GuidanceConfig())
-    assert {p.kind for p in plans} == {"plan", "environment_feedback", "environment_interaction", "hindsight"}
+    assert {p.kind for p in plans} == {"plan", "environment_feedback", "environment_interaction", "combined",
+                                       "hindsight"}
     assert all((p.teacher_tokens_in, p.teacher_tokens_out) == (0, 0) for p in plans)
     assert {r["origin"]: r["teacher_cost"] for r in cost_rows([], PRICES, plans=plans)} == {
-        "plan": 0, "environment_feedback": 0, "environment_interaction": 0, "hindsight": 0}
+        "plan": 0, "environment_feedback": 0, "environment_interaction": 0, "combined": 0, "hindsight": 0}
+
+
+# One call (4000 in, 800 out: 0.012 + 0.012 = 0.024) wrote t1's three parts and so its combined guidance: four
+# records, a quarter each (0.006). c1 resolved t1: 0.002 + 0.001 + 3 s x 0.01 = 0.033; c2 failed: 0.001 + 0.0005
+# + 2 s x 0.01 = 0.0215; p1 failed: 0.0004 + 0.0002 + 2 s x 0.01 = 0.0206.
+COMBINED_PLANS = [taught("t1", kind, 4000, 800, 4)
+                  for kind in ("plan", "environment_feedback", "environment_interaction", "combined")]
+COMBINED_ATTEMPTS = [attempt("c1", "t1", "combined", 1.0, steps=(step(1000, 100, 2.0),), grade_time=1.0),
+                     attempt("c2", "t1", "combined", steps=(step(500, 50, 1.0),), grade_time=1.0),
+                     attempt("p1", "t1", "plan", steps=(step(200, 20, 1.0),), grade_time=1.0)]
+
+
+def test_combined_guidance_has_its_own_cost_row_and_a_share_of_the_call_that_wrote_its_parts():
+    rows = {r["origin"]: r for r in cost_rows(COMBINED_ATTEMPTS, PRICES, plans=COMBINED_PLANS,
+                                              pairs=pairs_by_origin(["guided:combined"]))}
+    assert list(rows) == ["plan", "environment_feedback", "environment_interaction", "combined"]
+    assert rows["combined"] == {"origin": "combined", "attempts": 2, "tokens_in": 1500, "tokens_out": 150,
+                                "sandbox_s": 3.0, "grading_s": 2.0, "wall_s": 2.0, "teacher_tokens_in": 1000.0,
+                                "teacher_tokens_out": 200.0, "teacher_cost": 0.006, "cost": 0.0605,
+                                "tasks_resolved": 1, "cost_per_resolved_task": 0.0605, "dpo_pairs": 1,
+                                "cost_per_dpo_pair": 0.0605}
+    assert (rows["plan"]["cost"], rows["plan"]["cost_per_resolved_task"]) == (0.0266, None)
+    assert sum(r["teacher_cost"] for r in rows.values()) == pytest.approx(0.024)  # the call, paid once
+    table = head_to_head(family_rows(COMBINED_PLANS, COMBINED_ATTEMPTS),
+                         cost_rows(COMBINED_ATTEMPTS, PRICES, plans=COMBINED_PLANS))
+    assert "| combined | 1 | 1 | 2 | 0.5 | 1650 | 1200.0 | 0.0605 | 0.0605 |" in head_to_head_markdown(table)
+    assert "| plan | 1 | 0 | 1 | 0.0 | 220 | 1200.0 | 0.0266 | - |" in head_to_head_markdown(table)
+
+
+@pytest.mark.parametrize("kinds, share", [(("plan", "environment_feedback", "environment_interaction", "combined"), 4),
+                                          (("combined",), 1)])
+def test_combined_guidance_asks_the_llm_teacher_nothing_more(kinds, share):
+    """Combined guidance with its parts: one call, split four ways; combined alone: the same one call, all its own."""
+    task = calc_task()
+    server = OpenAIServer([Reply(text=ANSWER), Reply(text=ANSWER)])
+    with server as url:
+        plans = teacher_plans({task.instance_id: task}, {task.instance_id: [traj("r0", task.instance_id)]},
+                              LLMTeacher(OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url,
+                                                                         max_retries=0))),
+                              GuidanceConfig(kinds=kinds))
+    (request,) = server.requests
+    spent = (len(tokens(json.dumps(["", request["messages"]]))), len(tokens(ANSWER)))
+    call = (spent[0] * 3 + spent[1] * 15) / 1e6
+    assert [(p.kind, p.accepted, (p.teacher_tokens_in, p.teacher_tokens_out), p.teacher_call_share)
+            for p in plans] == [(k, True, spent, share) for k in kinds]
+    rows = {r["origin"]: r for r in cost_rows([], PRICES, plans=plans)}
+    assert rows["combined"]["teacher_cost"] == pytest.approx(call / share, abs=1e-6)
+    assert sum(r["teacher_cost"] for r in rows.values()) == pytest.approx(call, abs=1e-6)
 
 
 # The cascade on four failed groups, families in the order plan, environment_feedback, hindsight, action; two

@@ -19,7 +19,7 @@ from pipeline.datasets import (ACTGUIDE_SCHEMA, DPO_SCHEMA, SCHEMAS, SFT_SCHEMA,
 from pipeline.agent.identity import sampling_refusal
 from pipeline.datasets import build
 from pipeline.datasets.files import read_trajectories
-from pipeline.datasets.formats import CALLS, mentions, row_text
+from pipeline.datasets.formats import CALLS, DPO_DIVERGENCE_SCHEMA, mentions, row_text
 from pipeline.datasets.splits import content_hashes
 from pipeline.layout import Layout, probe_batch
 from pipeline.record_parts import Action
@@ -425,6 +425,20 @@ def test_shards_have_the_explicit_schemas_and_load_everywhere(tmp_path):
         assert pl.read_parquet(path).height == pq.read_table(path).num_rows > 0
         loaded = datasets.load_dataset("parquet", data_files=path, split="train", cache_dir=str(tmp_path / "hf"))
         assert loaded.column_names == schema.names and loaded.num_rows == pq.read_table(path).num_rows
+
+
+def test_the_divergence_shard_has_its_schema_and_choosing_the_exported_forms_rebuilds_nothing(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    store_batch(data, "b1", TASK_T1)
+    update_datasets(data, out, DatasetConfig())
+    (path,) = dataset_files(out, "dpo_divergence")
+    assert pq.read_schema(path) == DPO_DIVERGENCE_SCHEMA
+    assert pq.read_schema(path).metadata == DPO_DIVERGENCE_SCHEMA.metadata
+    cut, start = read_dataset(out, "dpo_divergence"), read_dataset(out, "dpo")
+    # TASK_T1's attempts part at their first turn: every pair is its start pair, nothing shared
+    assert cut.drop("shared_turns", "shared_messages").equals(start) and set(cut["shared_messages"]) == {0}
+    again = update_datasets(data, out, DatasetConfig(dpo_pair_at=("start", "divergence")))
+    assert (again.built, again.reused) == ([], ["b1"])  # what the export holds changes no row
 
 
 def corrupt_pages(path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Guidance: the prefix search, the hint, the leakage filter, LLM teachers over HTTP, and the real loop."""
+"""Guidance: the prefix search, the hint, the leakage filter, LLM teachers over HTTP, Agent-RLVR's three parts
+combined in one guidance, and the real loop."""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_prefix, search_steps_bound
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
+from pipeline.guidance.teacher_text import combined_guidance
 from pipeline.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
     recovery, teacher_plans
 from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
 from pipeline.store import read_batch
-from tests.loopback import AnthropicServer, OpenAIServer, Reply
+from pipeline.verifier.environment import LocalTaskSandboxes
+from tests.loopback import AnthropicServer, OpenAIServer, Reply, tokens
+from tests.test_batch_local import CONFIG, HintFollower, calc_task, make_repo
+from tests.test_datasets_build import traj
 
 
 def oracle(t: int, calls: list):
@@ -65,24 +70,27 @@ def test_hint_format():
 
 
 class CopyingTeacher:
-    """Writes a plan that pastes the fix: what the leakage filter must catch."""
+    """Writes a plan that pastes the fix (and so combined guidance holding it): what the leakage filter must catch."""
 
     name = "copier"
 
     def teach(self, task, failed):
         added = next(l[1:] for l in task.patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
-        return [TeacherGuidance("plan", f"Change the line to:\n{added}", teacher=self.name),
-                TeacherGuidance("environment_feedback", "Look at the function the test calls.", teacher=self.name)]
+        parts = [TeacherGuidance("plan", f"Change the line to:\n{added}", teacher=self.name),
+                 TeacherGuidance("environment_feedback", "Look at the function the test calls.", teacher=self.name),
+                 TeacherGuidance("environment_interaction", "View a range, not the file.", teacher=self.name)]
+        return [*parts, combined_guidance(parts)]
 
 
 @pytest.mark.parametrize("reject", [True, False])
 def test_leakage_filter(toolz_task, reject):
-    config = GuidanceConfig(kinds=("plan", "environment_feedback"), reject_leaks=reject)
+    config = GuidanceConfig(kinds=("plan", "environment_feedback", "combined"), reject_leaks=reject)
     plans = teacher_plans({toolz_task.instance_id: toolz_task}, {toolz_task.instance_id: [None]},
                           CopyingTeacher(), config)
-    plan, feedback = plans
+    plan, feedback, combined = plans
     assert plan.leaked and plan.accepted is not reject
     assert not feedback.leaked and feedback.accepted
+    assert combined.kind == "combined" and combined.leaked and combined.accepted is not reject  # its plan leaks
 
 
 ANSWER = json.dumps({"plan": "1. Look at `toolz/itertoolz.py`.", "environment_feedback": "You edited the test.",
@@ -103,7 +111,9 @@ def test_llm_teachers_over_http(protocol, toolz_task, synth_run, monkeypatch, tm
                                                                               max_retries=0))
         teacher = LLMTeacher(client, show_gold=True)
         items = teacher.teach(toolz_task, failed)
-        assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction"]
+        assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction", "combined"]
+        assert items[3].text == ("Plan:\n1. Look at `toolz/itertoolz.py`.\n\nEnvironment feedback:\nYou edited the "
+                                 "test.\n\nEnvironment interaction:\nUse view_range.")
         assert items[0].files == ("toolz/itertoolz.py",) and items[0].teacher == f"llm:{client.name}"
         with pytest.raises(TeacherError, match=toolz_task.instance_id):
             teacher.teach(toolz_task, failed)
@@ -161,13 +171,75 @@ def test_rule_hindsight_names_the_shared_mistake_and_the_place_never_the_fix(too
 def test_rule_teacher_names_the_place_without_the_fix(toolz_task, tmp_path):
     failed = _one_failed_trajectory(toolz_task, tmp_path)
     items = RuleTeacher().teach(toolz_task, failed)
-    assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction"]
+    assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction", "combined"]
     path = json.loads(toolz_task.provenance)["file"]
     for g in items:
         assert path in g.text and not g.leaked
         assert not any(l[1:].strip() in g.text for l in toolz_task.patch.splitlines()
                        if l.startswith("+") and not l.startswith("+++") and len(l[1:].strip()) > 5)
 
+
+CALC_ANSWER = {"plan": "1. Look at `calc.py`, in `add`.", "environment_feedback": "You edited nothing.",
+               "environment_interaction": "Run `python -m pytest -q tests/test_calc.py::test_add` alone.",
+               "files": ["calc.py"], "functions": ["add"]}
+
+
+@pytest.mark.parametrize("teacher", ["rule", "openai"])
+def test_combined_guidance_holds_the_three_parts_of_one_teacher_answer(teacher):
+    """The rule teacher, and an LLM teacher over a loopback OpenAI server, write the combined guidance from the
+    parts of their one answer: each under its heading in Agent-RLVR's order, with no call of its own."""
+    task = calc_task()
+    failed = traj("r0", task.instance_id)
+    if teacher == "rule":
+        items, spent = RuleTeacher().teach(task, failed), (0, 0)
+    else:
+        server = OpenAIServer([Reply(text=json.dumps(CALC_ANSWER)), Reply(text="a second call would get this")])
+        with server as url:
+            items = LLMTeacher(OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0))
+                               ).teach(task, failed)
+        (request,) = server.requests  # one call wrote all four
+        spent = (len(tokens(json.dumps(["", request["messages"]]))), len(tokens(json.dumps(CALC_ANSWER))))
+    assert [g.kind for g in items] == ["plan", "environment_feedback", "environment_interaction", "combined"]
+    plan, feedback, interaction, combined = items
+    if teacher == "rule":
+        assert plan.text.startswith("1. Where to look: `calc.py`, around line 2.") and combined.functions == ()
+    else:
+        parts = ("plan", "environment_feedback", "environment_interaction")
+        assert [plan.text, feedback.text, interaction.text] == [CALC_ANSWER[k] for k in parts]
+        assert combined.functions == ("add",)
+    assert combined.text == (f"Plan:\n{plan.text}\n\nEnvironment feedback:\n{feedback.text}\n\n"
+                             f"Environment interaction:\n{interaction.text}")
+    header = "Guidance (plan, environment feedback and environment interaction):\n"
+    assert combined.prompt_text() == header + combined.text
+    assert combined.files == ("calc.py",) and combined.teacher == plan.teacher and not combined.leaked
+    assert [(g.tokens_in, g.tokens_out) for g in items] == [spent] * 4  # the call's count, shared in costs.py
+    with pytest.raises(TeacherError, match="missing environment_interaction"):
+        combined_guidance([plan, feedback])
+
+
+def test_a_combined_attempt_sees_the_three_parts_and_its_unguided_prompt_none(tmp_path, monkeypatch):
+    """Through the pipeline: the rule teacher's plans, the guided groups, real attempts in local sandboxes."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # no engine: nothing to reap either
+    task = calc_task()
+    tasks, failed = {task.instance_id: task}, {task.instance_id: [traj("r0", task.instance_id)]}
+    plans = teacher_plans(tasks, failed, RuleTeacher(), GuidanceConfig(kinds=("plan", "combined")))
+    assert [(p.kind, p.accepted, p.leaked, p.teacher_call_share) for p in plans] == [
+        ("plan", True, False, 2), ("combined", True, False, 2)]
+    parts = RuleTeacher().teach(task, failed[task.instance_id][0])[:3]
+    sandboxes = LocalTaskSandboxes(repos={"local/calc": str(make_repo(tmp_path / "calc"))})
+    policy = HintFollower()
+    guided = run_batch(guided_jobs(tasks, guided_guidance(plans), policy, CONFIG, "g"), policy, CONFIG,
+                       tmp_path / "g", "g", sandboxes=sandboxes).trajectories
+    by_kind = {t.guidance_kind: t for t in guided}
+    assert sorted(by_kind) == ["combined", "plan"] and len(guided) == 2
+    asked = by_kind["combined"].prompt[-1]["content"]
+    assert by_kind["combined"].guidance_text == plans[1].text and plans[1].text in asked
+    assert "Guidance (plan, environment feedback and environment interaction):\nPlan:\n" in asked
+    assert asked.index(parts[0].text) < asked.index(parts[1].text) < asked.index(parts[2].text)
+    unguided = "\n".join(m["content"] or "" for m in by_kind["combined"].unguided_prompt)
+    assert "Guidance" not in unguided and not any(g.text in unguided for g in parts)
+    alone = by_kind["plan"].prompt[-1]["content"]  # the plan family's attempt sees its part alone
+    assert parts[0].text in alone and not any(g.text in alone for g in parts[1:])
 
 def test_guidance_recovers_failed_groups(synth_run, tmp_path):
     tasks = {t.instance_id: t for t in synth_run[0]}

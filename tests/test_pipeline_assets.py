@@ -61,6 +61,8 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     assert meta["tasks"]["quarantined"].value == 0 and meta["unguided_rollouts"]["quarantined_skipped"].value == 0
     assert meta["unguided_rollouts"]["attempts"].value == 4
     assert meta["unguided_rollouts"]["policy"].value == "heuristic"
+    assert (meta["unguided_rollouts"]["round"].value, meta["unguided_rollouts"]["trained_by"].value) == (0, "(settings)")
+    assert json.loads((tmp_path / "data/trajectories/unguided/test/round.json").read_text())["kind"] == "heuristic"
     unguided = pl.read_parquet(tmp_path / "data/trajectories/unguided/test/trajectories.parquet")
     assert unguided.height == 4 and set(unguided["policy"]) == {"heuristic"}
     assert meta["unguided_rollouts"]["lost_patches"].value == 0
@@ -113,6 +115,7 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
         assert meta[f"{stage}_model"]["steps"].value == 2, stage
         assert (tmp_path / f"data/models/{stage}/test/checkpoint").is_dir()
         assert meta[f"{stage}_model"]["loss_curve"].value.startswith("![loss](data:image/png;base64,")
+        assert (meta[f"{stage}_model"]["round"].value, meta[f"{stage}_model"]["rows_of_batches"].value) == (0, "test")
     assert meta["dpo_model"]["rows"].value == exported["dpo"] - meta["dpo_dataset"]["splits"].value.get("test", 0)
     assert meta["sft_model"]["rows"].value == exported["sft"] - meta["sft_dataset"]["splits"].value.get("test", 0)
 

@@ -18,11 +18,13 @@ from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.record_parts import Action
 from tests.test_datasets_build import TASK_T1, traj
-from training.actguide import ActGuideTrainer, response_logps, train_actguide
+from training.actguide import ActGuideTrainer, train_actguide
 from training.actguide_examples import group_advantages, prepare_examples, training_group
-from training.common import load_model, read_run, read_split
+from training.common import TrainingDataError, load_model, read_run, read_split
 from training.config import ActGuideTrainingConfig, DPOTrainingConfig, LoraSettings
 from training.dpo import train_dpo
+from training.logprobs import response_logps
+from training.masking import to_template_row
 from training.tiny_model import IM_END, LAYERS
 
 ACTIONS = (Action("bash", '{"command": "grep -n add pkg"}'), Action("submit", "{}"))
@@ -67,7 +69,12 @@ def test_dpo_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path
     assert metrics[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference at step 1
     assert metrics[-1]["loss"] < metrics[0]["loss"] and metrics[-1]["rewards/margins"] > metrics[0]["rewards/margins"]
     assert {"rewards/accuracies", "learning_rate"} <= set(metrics[0])
-    assert summary["tokens_per_second"] > 0
+    # Every step trains the same 6 pairs: the timed steps, 2 to 4, saw three quarters of the tokens
+    assert summary["tokens_per_second_excludes"] == "first step"
+    assert summary["timed_tokens"] * 4 == summary["tokens"] * 3
+    assert summary["tokens_per_second"] == pytest.approx(summary["timed_tokens"] / summary["timed_seconds"], rel=1e-3)
+    assert summary["truncation"]["dropped"] == summary["rows_cut_before_last_edit"] == 0
+    assert not list(result.run_dir.rglob("events.out.tfevents*"))  # training.report_to is empty: no tracker
     trained = AutoModelForCausalLM.from_pretrained(result.checkpoint)
     start = AutoModelForCausalLM.from_pretrained(tiny)
     changed = sum(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), start.state_dict().values()))
@@ -76,6 +83,27 @@ def test_dpo_trains_the_tiny_model_and_saves_what_it_used(folder, tiny, tmp_path
     used = json.loads((result.run_dir / "config.json").read_text())
     assert used["settings"]["beta"] == 0.1 and used["starting_model"] == tiny
     assert (result.run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_dpo_refuses_before_the_first_step_when_no_pair_fits_naming_the_longest(folder, tiny, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    stored = read_split(folder, "dpo")
+
+    def length(row, side) -> int:
+        return len(tokenizer.apply_chat_template(row["prompt"] + row[side], tools=row["tools"], tokenize=True,
+                                                 return_dict=True)["input_ids"])
+
+    lengths = [max(length(row, "chosen"), length(row, "rejected")) for row in map(to_template_row, stored)]
+    longest = lengths.index(max(lengths))
+    with pytest.raises(TrainingDataError) as refused:
+        train_dpo(dpo_config(max_length=20), tiny, folder, tmp_path / "run")
+    message = str(refused.value)
+    assert "every one of 6 DPO rows was dropped" in message
+    assert (f"row {longest} (instance_id t1, chosen_rollout_id {stored['chosen_rollout_id'][longest]}, "
+            f"rejected_rollout_id {stored['rejected_rollout_id'][longest]}), is {max(lengths)} tokens") in message
+    assert (f"raise training.dpo.max_length above 20 ({max(lengths)} keeps that row whole), or lower "
+            "training.dpo.min_assistant_turns (1)") in message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no step ran
 
 
 def test_a_right_padded_batch_runs_without_its_mask_and_scores_its_tokens_the_same(tiny):
@@ -158,11 +186,11 @@ def test_group_advantages_and_which_attempts_form_a_group():
     for rewards in ([0.0, 1.0, 1.0, 0.0, 0.0], [1.0, 0.0], [0.2, 0.5, 0.9]):
         assert sum(group_advantages(rewards)) == pytest.approx(0.0, abs=1e-9)
     assert group_advantages([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0] == group_advantages([0.0, 0.0, 0.0])
-    assert group_advantages([0.0, 1.0]) == [-1.0, 1.0]
+    assert group_advantages([0.0, 1.0]) == [-0.5 / (0.5 ** 0.5 + 1e-6), 0.5 / (0.5 ** 0.5 + 1e-6)]  # std ddof 1
     members = [{"sampled_under": "unguided", "resolved": False, "id": "u"},
                {"sampled_under": "guided", "resolved": True, "id": "g"}]
-    assert [m["id"] for m in training_group(members)] == ["u", "g"]  # ActGuide: G+ merged into G
-    assert [m["id"] for m in training_group(members, "replace")] == ["g"]
+    assert [m["id"] for m in training_group(members)] == ["g"]  # ActGuide-RL's code: G+ replaces G
+    assert [m["id"] for m in training_group(members, "merge")] == ["u", "g"]  # its Algorithm 1: merged into G
     solved = [{**members[0], "resolved": True}, members[1]]
     assert [m["id"] for m in training_group(solved)] == ["u"]  # no guidance needed: the unguided group
 
@@ -172,15 +200,16 @@ def trainer(folder, tiny):
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     torch.manual_seed(0)
     config = ActGuideTrainingConfig(learning_rate=1e-3, batch_size=3, max_steps=4, kl_weight=0.01,
-                                    behaviour_logprobs="recompute")  # the heuristic's trajectories have no ids
+                                    guided_group="merge")  # t4's unguided failures kept beside its guided attempts
     examples, counts = prepare_examples(read_split(folder, "actguide"), tokenizer, config)
     return ActGuideTrainer(AutoModelForCausalLM.from_pretrained(tiny), tokenizer, examples, config), tokenizer, counts
 
 
 def test_actguide_examples_are_the_groups_with_signal(trainer):
     t, _, counts = trainer
-    assert counts == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "too_long": 0,
-                      "stored_tokens": 0, "rendered_tokens": 6}
+    assert counts == {"groups": 2, "guided_groups": 1, "equal_reward_groups": 0, "zero_advantage_members": 0,
+                      "rerender_mismatch": 0, "too_long": 0, "cut_before_last_edit": 0, "stored_tokens": 0,
+                      "rendered_tokens": 6}  # the heuristic's trajectories have no ids: all re-rendered
     by_id = {e.rollout_id: e for e in t.examples}
     assert sorted(by_id) == ["t3u0", "t3u1", "t4a0", "t4a1", "t4u0", "t4u1"]  # t3's guided attempt is not used
     assert sum(e.advantage for e in t.examples if e.group_id == by_id["t4u0"].group_id) == pytest.approx(0.0)
@@ -237,10 +266,11 @@ def test_actguide_loss_falls_on_a_repeated_batch(folder, tiny, tmp_path):
                                     behaviour_logprobs="recompute")
     result = train_actguide(config, tiny, folder, tmp_path / "run")
     summary, metrics = read_run(result.run_dir)
-    assert summary["behaviour_logprobs"] == "recompute" and summary["rendered_tokens"] == 6
+    # t4's two failed unguided attempts are replaced by its guided ones (guided_group: replace): 4 trajectories
+    assert summary["behaviour_logprobs"] == "recompute" and summary["rendered_tokens"] == 4
     used = json.loads((result.run_dir / "config.json").read_text())
     assert used["behaviour_logprobs"] == "recompute" and used["starting_identity"]["revision"].startswith("sha256:")
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5] and summary["trajectories"] == 6
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5] and summary["trajectories"] == 4
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     assert 0 < summary["forward_share"] < 1 and summary["tokens_per_second"] > 0
     assert (result.checkpoint / "model.safetensors").exists()

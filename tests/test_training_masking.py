@@ -12,6 +12,7 @@ from trl import DPOConfig, SFTConfig, SFTTrainer
 from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+from pipeline.datasets.divergence import divergence_cut
 from training.edits import last_edit_turn
 from training.masking import (
     AssistantOnlyDPOTrainer,
@@ -199,6 +200,55 @@ def test_a_row_whose_chosen_side_is_cut_before_its_last_edit_is_dropped(tokenize
     assert None not in kept.values() and kept["chosen"] < len(template_row["chosen"])
     assert out["dropped"] == out["chosen_cut_before_last_edit"] == dropped
     assert (out["chosen_ids"] == []) == dropped
+
+
+def divergence_row(start: dict) -> dict:
+    """`start` cut where its sides part (the pipeline's rule), the shared turns in the prompt (the chosen's copy)."""
+    cut = divergence_cut(start["chosen"], start["rejected"])
+    return dict(start, prompt=start["prompt"] + start["chosen"][:cut], chosen=start["chosen"][cut:],
+                rejected=start["rejected"][cut:])
+
+
+# ROWS[0] whose failure first ran the same `ls` (its own call id) and saw the same listing
+SHARING = dict(ROWS[0], rejected=[turn("Let me look first.", call("r1", "bash", command="ls")),
+                                  observation("r1", "exit code: 0\nsetup.py\ntoolz/"), *ROWS[0]["rejected"]])
+
+
+def test_a_divergence_row_scores_exactly_the_start_rows_tokens_less_the_shared_turn(tokenizer):
+    template = training_chat_template(tokenizer)
+    start, cut = (tokenize_preference_row(r, tokenizer, TruncationPolicy(max_length=None), template)
+                  for r in (SHARING, divergence_row(SHARING)))
+    assert len(divergence_row(SHARING)["prompt"]) == 4 and "Let me look first." in tokenizer.decode(cut["prompt_ids"])
+    messages = to_template_row(SHARING)
+    for side in ("chosen", "rejected"):
+        ids = start["prompt_ids"] + start[f"{side}_ids"]
+        assert cut["prompt_ids"] + cut[f"{side}_ids"] == ids  # one conversation, only the prompt's end moved
+        scored = {"start": [0] * len(start["prompt_ids"]) + start[f"{side}_mask"],
+                  "cut": [0] * len(cut["prompt_ids"]) + cut[f"{side}_mask"]}
+        unscored = [int(a and not b) for a, b in zip(scored["start"], scored["cut"])]
+        assert not any(b and not a for a, b in zip(scored["start"], scored["cut"]))
+        assert masked_text(tokenizer, ids, unscored) == assistant_pieces(
+            tokenizer, messages["prompt"] + messages[side], messages["tools"])[0]  # the shared turn, no more
+    batch = collate(tokenizer, [divergence_row(SHARING)], AssistantOnlyPreferenceCollator(tokenizer.pad_token_id))
+    assert batch["completion_mask"][:, :len(cut["prompt_ids"])].sum() == 0
+
+
+@pytest.mark.parametrize(("budget_end", "kept_chosen"), [(1, 1), (0, None)])
+def test_truncation_keeps_a_prompt_holding_turns_whole_and_cuts_the_completion_at_turns(tokenizer, budget_end,
+                                                                                        kept_chosen):
+    row = divergence_row(SHARING)
+    template_row = to_template_row(row)
+    budget = rendered_length(tokenizer, template_row, "chosen", budget_end)
+    out = tokenize_preference_row(row, tokenizer, TruncationPolicy(max_length=budget), training_chat_template(tokenizer))
+    assert expected_end(tokenizer, template_row, "chosen", budget) == kept_chosen
+    assert out["dropped"] == (kept_chosen is None)  # the prompt alone fits: no turn does, the row goes
+    if out["dropped"]:
+        return
+    prompt = render(tokenizer, template_row["prompt"], template_row["tools"], add_generation_prompt=True)
+    assert tokenizer.decode(out["prompt_ids"]) == prompt  # its shared turns never cut
+    assert len(out["prompt_ids"]) + len(out["chosen_ids"]) == budget and out["chosen_cut_tokens"] > 0
+    assert masked_text(tokenizer, out["chosen_ids"], out["chosen_mask"]) == assistant_pieces(
+        tokenizer, template_row["prompt"] + template_row["chosen"][:1], template_row["tools"])[1]
 
 
 def collate(tokenizer, rows, collator):

@@ -3,11 +3,14 @@ tokenizer: each turn in the context it was sampled in, its sampled tokens throug
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 from trl.chat_template_utils import qwen2_5_chat_template, qwen3_chat_template
 
 from training.tokens import Turn, rendered_turns, segments
+from training.tiny_model import CHAT_TEMPLATE
 
 PROMPT = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix add."}]
 GUIDED = [PROMPT[0], {"role": "user", "content": "Fix add. Hint: look at calc.py."}]
@@ -80,6 +83,77 @@ def test_a_turn_whose_context_is_not_an_extension_starts_a_new_segment():
     assert (merged.sampled_prompt_ids, merged.prompt_ids, merged.response_ids) == ([8, 1, 2], [1, 2], [3, 5, 6])
 
 
+# Qwen2's pre-tokenizer: a run of newlines (after optional spaces) is one piece, so `\n\n` can be one token
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+NEWLINE_FIRST = [{"role": "assistant", "content": "\nLooking.", "tool_calls": [call("c1", "ls")]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "calc.py"},
+                 {"role": "assistant", "content": "\nFixed."}]
+
+
+def qwen2_style_tokenizer(template: str = CHAT_TEMPLATE):
+    """A byte-level BPE with Qwen2's pre-tokenizer (split, then bytes), trained offline on text where `\n\n`
+    is frequent, so that `assistant\n` followed by a turn starting with `\n` tokenizes as `assistant`, `\n\n`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["assistant\n\nLooking.\n\n", "user\nFix add.\n\n"] * 4, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"], chat_template=template)
+
+
+@pytest.mark.parametrize("kind, fuses", [("tiny", False), ("qwen2-style", True)])
+def test_a_turn_starting_with_a_newline_is_the_tokens_sampled_after_its_header(tiny_model, kind, fuses):
+    """Rendered whole, a Qwen2-style tokenizer joins the header's newline and the turn's first one into one
+    token, so the whole is no extension of the context the policy was given: the turn is the tokens of its
+    own text after that context, not a crash."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model) if kind == "tiny" else qwen2_style_tokenizer()
+    context = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=True)["input_ids"]
+    whole = tokenizer.apply_chat_template(PROMPT + NEWLINE_FIRST[:1], return_dict=True)["input_ids"]
+    assert (whole[:len(context)] != context) == fuses
+    turns = rendered_turns(tokenizer, PROMPT, PROMPT, NEWLINE_FIRST, None)
+    assert [tokenizer.decode(t.ids) for t in turns] == [
+        '\nLooking.\n<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call><|im_end|>',
+        "\nFixed.<|im_end|>"]
+    assert turns[0].sampled_context == context and [tokenizer.decode(t.ids[:1]) for t in turns] == ["\n", "\n"]
+
+
+def newline_rows() -> list[dict]:
+    """A mixed group built by the dataset builder: both attempts' turns start with a newline."""
+    import dataclasses
+
+    from pipeline.datasets import DatasetConfig, build_rows
+    from tests.test_datasets_build import traj
+
+    attempts = [traj(f"n{i}", sample=i, reward=float(i)) for i in range(2)]
+    turns = tuple({**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(  # stored: JSON
+        c["function"]["arguments"])}} for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in NEWLINE_FIRST)
+    attempts = [dataclasses.replace(t, messages=t.prompt + turns) for t in attempts]
+    return build_rows(attempts, DatasetConfig(test_fraction=0.0)).actguide.to_dicts()
+
+
+def test_under_recompute_a_turn_the_template_cannot_place_is_left_out_and_counted_not_a_crash():
+    from training.actguide_examples import prepare_examples
+    from training.common import TrainingDataError
+    from training.config import ActGuideTrainingConfig
+
+    examples, counts = prepare_examples(newline_rows(), qwen2_style_tokenizer(), ActGuideTrainingConfig())
+    assert [e.rollout_id for e in examples] == ["n0", "n1"]
+    assert (counts["rendered_tokens"], counts["rerender_mismatch"]) == (2, 0)
+    # a generation prompt the rendered turn does not begin with (an empty think block prefilled): no tokens to score
+    prefilled = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n' }}{% endif %}",
+                                      "'<|im_start|>assistant\n<think>\n\n</think>\n\n' }}{% endif %}")
+    assert prefilled != CHAT_TEMPLATE
+    with pytest.raises(TrainingDataError, match="'rerender_mismatch': 2, 'too_long': 0"):
+        prepare_examples(newline_rows(), qwen2_style_tokenizer(prefilled), ActGuideTrainingConfig())
+
+
 @pytest.mark.slow
 def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_model, tmp_path):
     """Attempts of the tiny model (a mixed group: one paid), through to_trajectory, Parquet, the dataset build
@@ -115,7 +189,7 @@ def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_mode
     path = write_rows(tmp_path / "t.parquet", [t.to_row() for t in stored], TRAJECTORY_SCHEMA)
     stored = [Trajectory.from_row(r) for r in read_records(path, TRAJECTORY_SCHEMA)]
     rows = build_rows(stored, DatasetConfig(test_fraction=0.0)).actguide.to_dicts()
-    config = ActGuideTrainingConfig(batch_size=4)  # behaviour_logprobs: stored
+    config = ActGuideTrainingConfig(batch_size=4, behaviour_logprobs="stored")
     starting = local_identity(str(tiny_model), str(tiny_model), policy.tokenizer.chat_template)
     examples, counts = prepare_examples(rows, policy.tokenizer, config, starting)
     assert (counts["stored_tokens"], counts["rendered_tokens"]) == (2, 0)

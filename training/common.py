@@ -10,6 +10,8 @@ loaded) when there are two or more, as its `tokens_per_second_excludes` says.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import math
@@ -17,7 +19,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pipeline.layout import Layout
 from pipeline.pictures import line_chart_png
@@ -32,11 +34,28 @@ class TrainingDataError(ValueError):
     """The stage has nothing it can train on (no rows, every group of equal rewards, ...)."""
 
 
+WINDOW_FIX = "set training.rounds_window to 0 (every batch's rows) or to more rounds"
+_ROW_BATCHES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("row_batches", default=None)
+
+
+@contextlib.contextmanager
+def rows_of_batches(batches: tuple[str, ...] | None) -> Iterator[None]:
+    """Within it `read_split` keeps only the rows of `batches` (training.rounds_window); None: every row."""
+    token = _ROW_BATCHES.set(None if batches is None else tuple(batches))
+    try:
+        yield
+    finally:
+        _ROW_BATCHES.reset(token)
+
+
 def read_split(dataset_folder: str | Path, config: str, split: str = "train"):
-    """One config's split of an exported folder as an in-memory `datasets.Dataset`, read from its shard.
+    """One config's split of an exported folder as an in-memory `datasets.Dataset`, read from its shard; only the
+    rows of the batches `rows_of_batches` names, when inside it.
 
     Not `load_dataset(folder, config)`: its cache of a local folder is keyed on the card, so a folder
     rewritten in place with the same row counts and sizes could load yesterday's rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
     from datasets import Dataset
     from datasets.table import InMemoryTable
@@ -51,10 +70,15 @@ def read_split(dataset_folder: str | Path, config: str, split: str = "train"):
     if not path.exists():
         raise TrainingDataError(f"{folder}: no '{config}' {split} rows (no {path.relative_to(folder)}); "
                                 f"the datasets stage made none for this stage to train on")
-    rows = Dataset(InMemoryTable(pq.read_table(path)))
-    if rows.num_rows == 0:
+    table, batches = pq.read_table(path), _ROW_BATCHES.get()
+    if table.num_rows == 0:
         raise TrainingDataError(f"{path}: the '{config}' {split} split is empty")
-    return rows
+    kept = table if batches is None else table.filter(pc.is_in(table["batch"], pa.array(batches, pa.string())))
+    if kept.num_rows == 0:
+        raise TrainingDataError(f"{path}: none of the {table.num_rows} '{config}' {split} rows comes from the batches "
+                                f"this run trains on ({', '.join(batches)}: training.rounds_window), they come from "
+                                f"{', '.join(sorted(set(table['batch'].to_pylist())))}; {WINDOW_FIX}")
+    return Dataset(InMemoryTable(kept))
 
 
 def on_gpu() -> bool:
@@ -158,34 +182,6 @@ def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool,
         include_num_input_tokens_seen="non_padding", disable_tqdm=True)
 
 
-def step_clock():
-    """A TrainerCallback noting (monotonic seconds, input tokens seen) at the end of every optimizer step: `last`
-    the latest, `first` step 1's."""
-    from transformers import TrainerCallback
-
-    class StepClock(TrainerCallback):
-        first: tuple[float, int] | None = None
-        last: tuple[float, int] | None = None
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.last = (time.monotonic(), int(state.num_input_tokens_seen))
-            if state.global_step == 1:
-                self.first = self.last
-
-    return StepClock()
-
-
-def throughput(clock, tokens: int, seconds: float) -> dict[str, Any]:
-    """The summary's rate: tokens per second over the steps after the first when `clock` saw two or more (the
-    first step's time is warm-up, not throughput), else over the whole run (`tokens` in `seconds`)."""
-    timed = clock.first is not None and clock.last is not None and clock.last[0] > clock.first[0]
-    if timed:
-        tokens, seconds = clock.last[1] - clock.first[1], clock.last[0] - clock.first[0]
-    return {"tokens_per_second": round(tokens / seconds, 1) if seconds else None,
-            "tokens_per_second_excludes": "first step" if timed else "nothing",
-            "timed_tokens": int(tokens), "timed_seconds": round(seconds, 4)}
-
-
 def nothing_fits(stage: str, split, counts: dict[str, int], fix: str) -> TrainingDataError:
     """The error for a split whose every row the turn-boundary cuts dropped: the counts, the longest row (its index
     and ids in `split`) and its length, and `fix` (the settings to change)."""
@@ -257,6 +253,12 @@ def finish_run(run_dir: Path, used: dict[str, Any], summary: dict[str, Any], met
     return TrainResult(run_dir, summary)
 
 
+def add_to_config(run_dir: str | Path, extra: dict[str, Any]) -> None:
+    """Merge `extra` into a finished run's config.json (what the run started from, said by whoever launched it)."""
+    path = Path(run_dir) / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **extra}, indent=2, default=_plain))
+
+
 def _plain(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
@@ -267,3 +269,13 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     summary = json.loads((run_dir / "summary.json").read_text())
     lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
     return summary, [json.loads(line) for line in lines]
+
+
+def enable_checkpointing(model) -> None:
+    """Recompute each decoder layer's activations in the backward (non-reentrant, no cache); transformers 5.2x
+    renamed gradient checkpointing to activation checkpointing, so whichever this version has."""
+    model.config.use_cache = False
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

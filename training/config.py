@@ -31,10 +31,14 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class DPOTrainingConfig:
-    """Offline DPO (TRL's DPOTrainer) on the exported `dpo` rows, tool observations masked out of the loss."""
+    """Offline DPO (TRL's DPOTrainer) on the exported `dpo` (or `dpo_divergence`) rows, tool observations masked
+    out of the loss."""
 
     enabled: bool = True
     """Train; False: the dpo_model asset says it skipped."""
+    pair_at: Literal["start", "divergence"] = "start"
+    """Which exported DPO form to train on: 'start' (config `dpo`, whole completions) or 'divergence' (config
+    `dpo_divergence`, each pair cut at the first turn its attempts differ; export it with datasets.dpo_pair_at)."""
     beta: float = 0.1
     """Strength of the KL-like pull to the reference model."""
     loss_type: str = "sigmoid"
@@ -223,6 +227,12 @@ class TrainingConfig:
     (pipes) or the image's (k8s)."""
     k8s: K8sConfig = field(default_factory=K8sConfig)
     """The pod of a k8s launch."""
+    restart_from_base: bool = False
+    """Every run starts from `model`; False: a batch of round 1 or later (policy.from_stage) trains on from the
+    stage's latest checkpoint of an earlier batch, its DPO reference and ActGuide KL anchor that checkpoint too."""
+    rounds_window: int = 1
+    """Rows a run trains on: those of the batches of the latest N rounds up to its own (1: its round's batches
+    only, on-policy); 0: every batch's."""
     sft: SFTTrainingConfig = field(default_factory=SFTTrainingConfig)
     """Supervised fine-tuning on the successes."""
     dpo: DPOTrainingConfig = field(default_factory=DPOTrainingConfig)
@@ -233,6 +243,9 @@ class TrainingConfig:
     """Unguided evaluation of the trained policy."""
 
     def __post_init__(self) -> None:
+        if self.rounds_window < 0:
+            raise ValueError(f"training.rounds_window is {self.rounds_window}; set 0 (every batch's rows) or the "
+                             "number of latest rounds whose rows a run trains on (1: its own round's)")
         if self.launcher == "k8s" and not self.k8s.image.strip():
             raise ValueError("training.launcher is k8s but training.k8s.image is empty; set training.k8s.image to "
                              "an image holding the project and a CUDA torch, e.g. registry.example.com/handhold:cuda")

@@ -19,18 +19,21 @@ from training.config import TrainingConfig
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: `training.run` is importable from here
 
 
-def launch(context, config: TrainingConfig, stage: str, model: str, dataset: Path, out: Path, data: Path) -> dict:
-    """Train `stage` of `config` from `model` on the exported `dataset` folder into the run folder `out`, as
-    `config.launcher` says; the metadata a Pipes launch reported ({} in process). `data`: data_dir, which a
-    pod mounts where the step sees it."""
+def launch(context, config: TrainingConfig, stage: str, model: str, dataset: Path, out: Path, data: Path,
+           batches: tuple[str, ...] | None = None) -> dict:
+    """Train `stage` of `config` from `model` on the exported `dataset` folder's rows of `batches` (None: every
+    batch's) into the run folder `out`, as `config.launcher` says; the metadata a Pipes launch reported ({} in
+    process). `data`: data_dir, which a pod mounts where the step sees it."""
     stage_config = getattr(config, stage)
     if config.launcher == "in_process":
+        from training.common import rows_of_batches
         from training.run import trainer
 
-        trainer(stage)(stage_config, model, dataset, out, report_to=config.report_to,
-                       report=lambda row: context.log.info(f"{stage} step " + json.dumps(row)))
+        with rows_of_batches(batches):
+            trainer(stage)(stage_config, model, dataset, out, report_to=config.report_to,
+                           report=lambda row: context.log.info(f"{stage} step " + json.dumps(row)))
         return {}
-    spec = write_spec(stage_config, model, dataset, out, config.report_to)
+    spec = write_spec(stage_config, model, dataset, out, config.report_to, batches)
     if config.launcher == "k8s":
         return run_in_pod(context, config, stage, spec, data)
     command = launch_command(config.launch_command) + ["training.run", stage, "--spec", str(spec)]
@@ -45,12 +48,14 @@ def launch_command(text: str) -> list[str]:
     return [sys.executable, *argv[1:]] if argv and argv[0] == "python" else argv
 
 
-def write_spec(stage_config, model: str, dataset: Path, out: Path, report_to: tuple[str, ...] = ()) -> Path:
-    """The JSON file `training.run --spec` reads (settings, model, dataset, out, report_to), next to the run
-    folder."""
+def write_spec(stage_config, model: str, dataset: Path, out: Path, report_to: tuple[str, ...] = (),
+               batches: tuple[str, ...] | None = None) -> Path:
+    """The JSON file `training.run --spec` reads (settings, model, dataset, out, report_to, the batches whose rows
+    it trains on: null for every batch's), next to the run folder."""
     spec = out.with_name(f"{out.name}.spec.json")
     spec.write_text(json.dumps({"settings": to_mapping(stage_config), "model": model, "dataset": str(dataset),
-                                "out": str(out), "report_to": list(report_to)}))
+                                "out": str(out), "report_to": list(report_to),
+                                "batches": None if batches is None else list(batches)}))
     return spec
 
 

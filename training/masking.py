@@ -7,7 +7,8 @@ own `{% generation %}` span covers it (the same rule as SFTConfig(assistant_only
 assistant's text, its tool-call text and its end-of-turn token. Tool observations still sit in the
 context of later turns; they are never targets.
 
-Truncation policy (TruncationPolicy): the prompt (system + task) is kept whole; each completion is cut
+Truncation policy (TruncationPolicy): the prompt (system + task, and in a `dpo_divergence` row the turns both
+attempts took, masked like any prompt token) is kept whole; each completion is cut
 from its end at an assistant-turn boundary, to the longest prefix that fits `max_length` with the prompt
 (`fit_turns`, which the SFT stage cuts its conversations with too); a row is dropped when fewer than
 `min_assistant_turns` whole assistant turns of its chosen or of its rejected side fit (this covers a prompt

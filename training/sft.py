@@ -26,8 +26,9 @@ from typing import Any
 
 from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, TrainingDataError, finish_run,
                              fresh_run_dir, load_model, lora_config, nothing_fits, read_split, resolved_precision,
-                             step_clock, throughput, trainer_args)
+                             trainer_args)
 from training.config import SFTTrainingConfig
+from training.throughput import step_clock, throughput
 
 KEPT_METRICS = ("loss", "mean_token_accuracy", "entropy", "num_tokens", "learning_rate", "grad_norm", "epoch")
 COLUMNS = ["messages", "tools"]

@@ -6,6 +6,9 @@ swapped for the unguided one at the front of a context. Without stored ids, a tu
 starting model's own template rendered over the messages before it (with the generation prompt), and its
 ids are what rendering the turn adds, up to and including the end-of-turn token: template tokens the
 policy never sampled (the newline after `<|im_end|>`, the next role header) are context, not targets.
+Where the turn's first token would fuse with the end of its context (a Qwen2-style pre-tokenizer joins the
+header's newline and a turn that starts with one), the turn's text is tokenized after the context as given;
+a template that renders the context's text differently once the turn is added raises `TokenMismatch`.
 
 Consecutive turns whose contexts extend each other token for token share one `Segment` (one forward);
 where a template re-renders earlier turns (Qwen3 drops earlier reasoning after a new user message), a
@@ -101,13 +104,26 @@ def rendered_turns(tokenizer, sampled_prompt: list[dict], unguided_prompt: list[
             continue
         before = completion[:index]
         context = _render(tokenizer, sampled_prompt + before, tools, generation=True)
-        whole = _render(tokenizer, sampled_prompt + before + [message], tools, generation=False)
-        if whole[:len(context)] != context:
-            raise TokenMismatch(f"assistant turn {index}: the template renders the turn's context differently "
-                                "once the turn is added; it cannot say which tokens the policy sampled")
-        ids = _through_end(whole[len(context):], ends)
+        ids = _through_end(_turn_ids(tokenizer, sampled_prompt + before, message, context, tools, index), ends)
         turns.append(Turn(context, _render(tokenizer, unguided_prompt + before, tools, generation=True), ids, None))
     return turns
+
+
+def _turn_ids(tokenizer, messages: list[dict], message: dict, context: list[int], tools, index: int) -> list[int]:
+    """What rendering `message` after `messages` adds to `context` (their rendering with the generation prompt).
+
+    Tokenized whole, a turn can fuse with the end of its context: a Qwen2-style pre-tokenizer makes the header's
+    newline and a turn that starts with one a single token, so the whole is no extension of the context. The
+    policy sampled after the context as it was given, so the added text is tokenized on its own."""
+    whole = _render(tokenizer, messages + [message], tools, generation=False)
+    if whole[:len(context)] == context:
+        return whole[len(context):]
+    before = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages + [message], tools=tools, tokenize=False)
+    if not text.startswith(before):
+        raise TokenMismatch(f"assistant turn {index}: the template renders the turn's context differently "
+                            "once the turn is added; it cannot say which tokens the policy sampled")
+    return list(tokenizer.encode(text[len(before):], add_special_tokens=False))
 
 
 def _render(tokenizer, messages: list[dict], tools, generation: bool) -> list[int]:

@@ -8,6 +8,7 @@ from typing import Literal
 from pipeline.agent.policy import Policy
 
 PolicyKind = Literal["heuristic", "openai", "anthropic", "hf"]
+Stage = Literal["", "sft", "dpo", "actguide"]
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,20 @@ class PolicySpec:
     """Most tokens per model turn."""
     api_key_env: str = ""
     """Environment variable holding the API key; empty: the client's usual one."""
+    from_stage: Stage = ""
+    """Roll each batch out with the latest checkpoint this training stage made in an earlier batch (in process for
+    heuristic and hf, served for openai: README, Rounds); '' or none yet: the policy above (round 0)."""
+
+    def __post_init__(self) -> None:
+        if self.from_stage and self.kind == "anthropic":
+            raise ValueError(f"policy.from_stage is {self.from_stage!r} but policy.kind is anthropic, which cannot "
+                             "run a checkpoint: set kind hf (in process) or openai (a vLLM server serving it)")
 
 
 def make_policy(spec: PolicySpec, api_key: str | None = None) -> Policy:
     """The policy a spec names, with a clear error for missing settings; `api_key` (never stored) wins over
-    the environment variable `spec.api_key_env` names."""
+    the environment variable `spec.api_key_env` names. `from_stage` is not read here: pipeline/rounds.py turns a
+    spec into the one a batch rolls out with."""
     if spec.kind == "heuristic":
         from pipeline.agent.heuristic import HeuristicPolicy
 

@@ -1,12 +1,11 @@
 """Build the DPO, ActGuide and SFT datasets from stored trajectories, one batch at a time.
 
-Layout under the output folder: `{dpo,actguide,sft}/<batch>.parquet` (one shard per batch and
-kind, every row with its `split`) and `manifest.json`, which records for each built batch the
-input files it read (size, mtime), the gold patches of its tasks and its counts. An update builds
-only the batches whose inputs changed or that are new, and those after them in name order: rows
-are deduplicated against every earlier batch, so the shards together equal one build of all
-batches in order, whatever the history. `datasets.load_dataset("parquet", data_files=...)` reads
-the shards as they are (`dataset_files`).
+Layout under the output folder: `{dpo,dpo_divergence,actguide,sft}/<batch>.parquet` (one shard per batch and kind,
+every row with its `split`; `dpo_divergence`: the `dpo` pairs cut at divergence) and `manifest.json`, which records
+for each built batch the input files it read (size, mtime), the gold patches of its tasks and its counts. An update
+builds only the batches whose inputs changed or that are new, and those after them in name order: rows are
+deduplicated against every earlier batch, so the shards together equal one build of all batches in order, whatever
+the history. `datasets.load_dataset("parquet", data_files=...)` reads the shards as they are (`dataset_files`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.datasets.files import BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids, rows_writer
-from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA
+from pipeline.datasets.divergence import divergence_rows
+from pipeline.datasets.formats import ACTGUIDE_SCHEMA, DPO_DIVERGENCE_SCHEMA, DPO_SCHEMA, SFT_SCHEMA
 from pipeline.datasets.manifest import read_manifest, stamps, tasks_digest, write_manifest
 from pipeline.datasets.actguide_groups import LOST, actguide_rows
 from pipeline.datasets.pairs import candidates, dpo_rows, prepare, sft_rows
@@ -36,8 +36,9 @@ from pipeline.layout import PROBE_SUFFIX, Layout
 from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
 from pipeline.schema import to_row
 
-BUILDER_VERSION = "5"  # bump when a rule changes: every batch is rebuilt (5: ActGuide members pass the guided checks)
-SCHEMAS = {"dpo": DPO_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}  # DATASET_KINDS' schemas
+BUILDER_VERSION = "6"  # bump when a rule changes: every batch is rebuilt (6: the dpo pairs cut at divergence)
+SCHEMAS = {"dpo": DPO_SCHEMA, "dpo_divergence": DPO_DIVERGENCE_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
+EXPORT_ONLY = ("dpo_pair_at",)  # settings that choose what the export holds, never what a row is
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
 T = TypeVar("T")
 CHUNK = 1000  # trajectories built at once (runs read, built and written at once: 2000 made RSS grow with batches)
@@ -48,6 +49,7 @@ class BatchRows:
     """The rows one build made (polars frames of the SCHEMAS schemas' columns) and what it left out, by reason."""
 
     dpo: pl.DataFrame
+    dpo_divergence: pl.DataFrame
     actguide: pl.DataFrame
     sft: pl.DataFrame
     dropped: dict[str, int]
@@ -72,8 +74,8 @@ def build_rows(trajectories: pl.DataFrame | Iterable[Trajectory], config: Datase
     instance ids to split groups (`splits.split_groups`: a combined task and its parts share one).
     """
     frame = trajectories if isinstance(trajectories, pl.DataFrame) else trajectory_frame(trajectories)
-    return rows_of(prepared(frame, config, count or token_counter(config.tokenizer)[0], gold, task_groups),
-                   config, gold, seen)
+    count = count or token_counter(config.tokenizer)[0]
+    return rows_of(prepared(frame, config, count, gold, task_groups), config, gold, seen, count)
 
 
 Prepared = tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]
@@ -91,19 +93,20 @@ def prepared(frame: pl.DataFrame, config: DatasetConfig, count: Counter, gold: d
 
 
 def rows_of(ready: Prepared, config: DatasetConfig, gold: dict[str, str] | None,
-            seen: dict[str, pl.DataFrame] | None) -> BatchRows:
-    """`build_rows`' second stage: guided checks, candidates and the rows of each kind."""
+            seen: dict[str, pl.DataFrame] | None, count: Counter) -> BatchRows:
+    """`build_rows`' second stage: guided checks, candidates and the rows of each kind (`count`: tokens)."""
     t, heavy, dropped = ready
     t, heavy, checks = guided_checks(t, heavy, config, gold)
     chosen, rejected, pool_dropped = candidates(t, config)
     dpo, dpo_dropped = dpo_rows(chosen, rejected, heavy, config, (seen or {}).get("dpo"))
+    divergence, divergence_dropped = divergence_rows(dpo, count)
     sft, sft_dropped = sft_rows(chosen, heavy, config, (seen or {}).get("sft"))
     actguide, act_dropped, groups = actguide_rows(t, heavy, config)
     checks[GROUPS_LOST] = act_dropped[LOST]
-    for prefix, counts in [("", pool_dropped), ("dpo.", dpo_dropped), ("sft.", sft_dropped),
-                           ("actguide.", act_dropped)]:
+    for prefix, counts in [("", pool_dropped), ("dpo.", dpo_dropped), ("dpo_divergence.", divergence_dropped),
+                           ("sft.", sft_dropped), ("actguide.", act_dropped)]:
         dropped.update({prefix + k: v for k, v in counts.items()})
-    return BatchRows(dpo, actguide, sft, dropped, groups, checks)
+    return BatchRows(dpo, divergence, actguide, sft, dropped, groups, checks)
 
 
 def rows_table(rows: pl.DataFrame, schema: pa.Schema) -> pa.Table:
@@ -132,7 +135,8 @@ class BuildReport:
 def _fingerprint(config: DatasetConfig) -> str:
     """What every row depends on besides the inputs: the settings, the rules and the row schemas."""
     versions = {k: s.metadata[b"schema_version"].decode() for k, s in SCHEMAS.items()}
-    key = json.dumps([BUILDER_VERSION, versions, dataclasses.asdict(config)], sort_keys=True)
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in EXPORT_ONLY}
+    key = json.dumps([BUILDER_VERSION, versions, settings], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -181,11 +185,7 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
         report.removed.append(name)
     write_manifest(out_dir, manifest)
     for entry in manifest["batches"].values():
-        for key, value in entry["rows"].items():
-            report.rows[key] = report.rows.get(key, 0) + value
-        for key, value in entry["dropped"].items():
-            report.dropped[key] = report.dropped.get(key, 0) + value
-        for name in ("groups", "checks"):
+        for name in ("rows", "dropped", "groups", "checks"):
             for key, value in entry[name].items():
                 getattr(report, name)[key] = getattr(report, name).get(key, 0) + value
         report.skipped_files += [SkippedFile(**s) for s in entry["skipped"]]
@@ -208,7 +208,7 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
             return prepared(stream.rows(run), config, count, gold, task_groups, left_out)
 
         try:
-            parts = (rows_of(p, config, gold, seen) for p in _ahead(ready, len(runs)))
+            parts = (rows_of(p, config, gold, seen, count) for p in _ahead(ready, len(runs)))
             rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
             break
         except BadTrajectoryFile as exc:

@@ -4,8 +4,7 @@ histogram, the sources with their licences, and how to load it."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -14,24 +13,16 @@ import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
 from pipeline.costs import costs_card_section
+from pipeline.datasets.divergence import divergence_card_section
 from pipeline.datasets.guided import GROUPS_LOST
+from pipeline.datasets.provenance import SourcePackage, resolve_sources
+from pipeline.guidance.reference_sources import CHOSEN_COLUMNS, reference_sources_section
 from pipeline.pictures import draw_text, png
 from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
 
 HISTOGRAM_FILE = "k_star_histogram.png"
 RATE_COLUMNS = ("guidance_kind", "resolved", "instance_id", "infra_error")  # of the trajectories table
-
-
-@dataclass(frozen=True)
-class SourcePackage:
-    """A package (or upstream dataset) the tasks come from."""
-
-    name: str
-    version: str = ""
-    licence: str = ""
-    """SPDX id; '' reads it from the tasks' provenance ('licence' or 'license'), else 'unknown'."""
-    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,8 +72,10 @@ def card_header(card: CardInfo, rows: dict[str, dict[str, int]], sizes: dict[str
 
 
 def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: dict[str, dict[str, int]],
-                histogram: pl.DataFrame | None, sizes: dict[str, dict[str, int]]) -> str:
-    """The whole README.md: header, description, counts, rates, histogram, sources, loading."""
+                histogram: pl.DataFrame | None, sizes: dict[str, dict[str, int]], plans: pl.DataFrame | None = None
+                ) -> str:
+    """The whole README.md: header, description, counts, rates, histogram, reference sources (given the guidance
+    plans, with a `batch` column to join DPO rows to their plan exactly), sources, loading."""
     trajectories = _concat(splits.get("trajectories", {}), RATE_COLUMNS)
     tasks = _concat(splits.get("tasks", {}), ("provenance",))
     sections = [
@@ -91,10 +84,12 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         f"Built by the handhold pipeline, run `{card.run_id}`.",
         "## Rows\n\n" + markdown_table(["config", "split", "rows"],
                                 [[c, s, n] for c, by_split in rows.items() for s, n in by_split.items()]),
+        divergence_card_section(splits),
         _rates_section(trajectories),
         _guidance_checks_section(card.checks, splits),
         costs_card_section(card.costs),
         _histogram_section(histogram),
+        reference_sources_section(plans, _concat(splits.get("dpo", {}), CHOSEN_COLUMNS)),
         _quarantine_section(card.quarantine),
         "## Sources\n\n" + markdown_table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
@@ -191,48 +186,6 @@ def _histogram_section(histogram: pl.DataFrame | None) -> str:
             "Share k*/K of the K reference actions a guided attempt needed to succeed, over accepted plans "
             "with K > 0.\n\n" + markdown_table(["k*/K", "plans"], found.rows())
             + f"\n\nPlans where no prefix succeeded: {histogram.filter(pl.col('bin') == 'not found')['plans'].sum()}.")
-
-
-def resolve_sources(sources: tuple[SourcePackage, ...], tasks: pl.DataFrame | None) -> list[SourcePackage]:
-    """The sources (given, else named by the tasks' provenance), each with a licence or 'unknown'."""
-    provenance = _provenance(tasks)
-    return [replace(s, licence=s.licence or _licence_in(provenance, s))
-            for s in sources or _sources_in(provenance)]
-
-
-def _provenance(tasks: pl.DataFrame | None) -> list[dict]:
-    if tasks is None:
-        return []
-    parsed = []
-    for text in tasks["provenance"].drop_nulls().unique(maintain_order=True):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            continue  # a malformed provenance names no source; the others still do
-        if isinstance(value, dict):
-            parsed.append(value)
-    return parsed
-
-
-def _sources_in(provenance: list[dict]) -> tuple[SourcePackage, ...]:
-    """A synthesized task names its package and version; a dataset row names its dataset."""
-    found: dict[tuple[str, str], str] = {}
-    for p in provenance:
-        if p.get("package"):
-            name, version = str(p["package"]), str(p.get("version", ""))
-            found[name, version] = f"https://pypi.org/project/{name}/{version}/"
-        elif p.get("dataset"):
-            found[str(p["dataset"]), ""] = f"https://huggingface.co/datasets/{p['dataset']}"
-    return tuple(SourcePackage(name, version, url=url) for (name, version), url in sorted(found.items()))
-
-
-def _licence_in(provenance: list[dict], source: SourcePackage) -> str:
-    for p in provenance:
-        same_version = not source.version or str(p.get("version", "")) == source.version
-        if str(p.get("package") or p.get("dataset")) == source.name and same_version:
-            if p.get("licence") or p.get("license"):
-                return str(p.get("licence") or p.get("license"))
-    return "unknown"
 
 
 def pass_rates(trajectories: pl.DataFrame) -> pl.DataFrame:

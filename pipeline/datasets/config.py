@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+DpoPairAt = Literal["start", "divergence"]
+"""Where a DPO pair's completions start: at the unguided prompt, or at the first turn its two attempts differ."""
+DPO_FORMS: dict[str, str] = {"start": "dpo", "divergence": "dpo_divergence"}
+"""The exported config (and built shard kind) of each DPO form."""
+
 
 @dataclass(frozen=True)
 class DatasetConfig:
@@ -12,6 +17,11 @@ class DatasetConfig:
 
     pairs_per_task: int = 4
     """Most DPO pairs per task and batch."""
+    dpo_pair_at: tuple[DpoPairAt, ...] = ("start",)
+    """DPO forms the export holds (the build makes both): 'start' (config `dpo`: whole completions under the unguided
+    prompt) and 'divergence' (config `dpo_divergence`: each pair cut at the first turn its attempts differ, the
+    shared turns in the prompt; pipeline/datasets/divergence.py). 'start' is always one: the others are cut from
+    its pairs."""
     rejected: Literal["all", "shortest", "random"] = "all"
     """Which unguided failures pair: 'all' (each distinct one), the 'shortest' one, or one drawn at 'random' (seed)."""
     chosen_sources: Literal["guided_and_unguided", "guided_only", "unguided_only"] = "guided_and_unguided"
@@ -43,6 +53,10 @@ class DatasetConfig:
     are left out (quarantined tasks always are); 1.0: no task for this reason."""
 
     def __post_init__(self) -> None:
+        if "start" not in self.dpo_pair_at or len(set(self.dpo_pair_at)) != len(self.dpo_pair_at):
+            raise ValueError(f"DatasetConfig.dpo_pair_at is {list(self.dpo_pair_at)}; list each form once, 'start' "
+                             "among them (the divergence form is cut from the start pairs): [start] or "
+                             "[start, divergence]")
         if self.pairs_per_task < 1:
             raise ValueError(f"DatasetConfig.pairs_per_task is {self.pairs_per_task}; it must be at least 1")
         if not 0.0 <= self.test_fraction <= 1.0:

@@ -6,6 +6,9 @@ Layout (what `datasets.load_dataset(folder, config)` discovers through the card'
     <folder>/k_star_histogram.png                   k*/K of the guidance plans (when plans are given)
     <folder>/data/<config>/<split>-00000-of-00001.parquet
 
+Configs: `dpo`, and `dpo_divergence` when the datasets' `dpo_pair_at` asks for it (the same pairs cut at the
+first turn their attempts differ), `actguide`, `sft`, `trajectories`, `tasks`.
+
 The folder is built next to its destination and renamed into place, so a reader sees the old
 export or the new one, never half of one.
 """
@@ -31,6 +34,9 @@ from pipeline.records import Task
 
 Frame = Union[pl.DataFrame, pa.Table]
 CONFIGS = ("dpo", "actguide", "sft", "trajectories", "tasks")
+"""The configs of the pipeline's default export, in card order."""
+ALL_CONFIGS = ("dpo", "dpo_divergence") + CONFIGS[1:]
+"""Every config an export may hold, in card order: CONFIGS and the DPO forms `DatasetConfig.dpo_pair_at` adds."""
 SPLIT_NAME = re.compile(r"^\w+$")  # what `datasets` accepts as a split name
 
 
@@ -60,11 +66,11 @@ def as_arrow(frame: Frame) -> pa.Table:
 
 def split_tables(tables: Mapping[str, Frame | Mapping[str, Frame]]) -> dict[str, dict[str, pa.Table]]:
     """{config: {split: table}}; a bare table is split by its `split` column, else it is all 'train'."""
-    unknown = sorted(set(tables) - set(CONFIGS))
+    unknown = sorted(set(tables) - set(ALL_CONFIGS))
     if unknown:
-        raise ValueError(f"unknown dataset configs {unknown}; export one of {list(CONFIGS)}")
+        raise ValueError(f"unknown dataset configs {unknown}; export one of {list(ALL_CONFIGS)}")
     out: dict[str, dict[str, pa.Table]] = {}
-    for config in (c for c in CONFIGS if c in tables):
+    for config in (c for c in ALL_CONFIGS if c in tables):
         given = tables[config]
         splits = dict(given) if isinstance(given, Mapping) else _by_split_column(as_arrow(given))
         for split in splits:
@@ -125,10 +131,11 @@ def export_dataset(folder: Path, tables: Mapping[str, Frame | Mapping[str, Frame
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_rows_table(splits[config][split], path)
         sizes = {c: {s: (staging / shard_path(c, s)).stat().st_size for s in by_split} for c, by_split in rows.items()}
-        histogram = k_star_histogram(pl.from_arrow(as_arrow(plans))) if plans is not None else None
+        plan_frame = pl.from_arrow(as_arrow(plans)) if plans is not None else None
+        histogram = k_star_histogram(plan_frame) if plan_frame is not None else None
         if histogram is not None:
             (staging / HISTOGRAM_FILE).write_bytes(render_histogram_png(histogram))
-        DatasetCard(render_card(card, splits, rows, histogram, sizes)).save(staging / "README.md")
+        DatasetCard(render_card(card, splits, rows, histogram, sizes, plans=plan_frame)).save(staging / "README.md")
         _swap_into_place(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -34,6 +34,12 @@ DPO_SCHEMA = record_schema(columns(
     ("rejected_hash", STR), ("chosen_rewrites", STR), ("chosen_hint_has_gold", BOOL)), "3", "PreferencePair")
 """`chosen_rewrites`: JSON list of the chosen completion's prose rewrites ({"message", "reason", "removed"}),
 '[]' when it is as sampled; `chosen_hint_has_gold`: the chosen attempt's hint held a line of the gold patch."""
+DPO_DIVERGENCE_SCHEMA = record_schema(list(DPO_SCHEMA) + columns(("shared_turns", INT), ("shared_messages", INT)),
+                                      "1", "DivergencePreferencePair")
+"""A start pair (DPO_SCHEMA) cut where its attempts first differ (pipeline/datasets/divergence.py): `prompt` is the
+unguided prompt and the `shared_messages` messages both completions began with (`shared_turns` of them assistant
+turns), `chosen` and `rejected` the rest; the token counts move with the messages; the hashes are still those of the
+whole completions, the pair's key."""
 SFT_SCHEMA = record_schema(columns(
     ("messages", CHAT), ("tools", STR), ("instance_id", STR), ("split", STR), ("batch", STR), ("source", STR),
     ("rollout_id", STR), ("reward", FLOAT), ("prompt_tokens", INT), ("completion_tokens", INT),

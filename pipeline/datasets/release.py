@@ -56,6 +56,9 @@ class Provenance:
     """`settings_sha256` of the settings it was made with."""
     repo_id: str = ""
     """The Hub repo it will be published to, for the card's loading line; '' shows a placeholder."""
+    lineage: tuple[Mapping[str, str], ...] = ()
+    """Each batch's round (pipeline.round_report.lineage_rows): the policy that rolled it out, the training run and
+    dataset that made that policy, what it solved without guidance."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         quarantined=tuple(sorted(provenance.quarantined)),
         newly_quarantined=tuple(sorted(set(provenance.quarantined) - set(last.quarantined if last else ()))),
         families=_families(export, digests), evaluation=dict(provenance.evaluation),
+        lineage=tuple(dict(row) for row in provenance.lineage),
         code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")

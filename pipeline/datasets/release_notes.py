@@ -49,6 +49,9 @@ class Release:
     """Chosen attempt's origin ('unguided', 'guided:<kind>') -> config (dpo, sft) -> rows."""
     evaluation: dict[str, object] = field(default_factory=dict)
     """The latest evaluation's numbers ('batch', 'pass@1/<model>'); empty when none had run."""
+    lineage: tuple[dict[str, str], ...] = ()
+    """Each batch's round: which policy rolled it out, the training run and dataset that made it, what it solved
+    without guidance (column -> text, pipeline.round_report.lineage_rows); empty before rounds were recorded."""
     code_version: str = ""
     """'git <commit>' of the handhold checkout ('+dirty' with changes), else 'handhold <package version>'."""
     settings_sha256: str = ""
@@ -79,6 +82,10 @@ def release_section(release: Release, repo_id: str = "") -> str:
         lines.append(markdown_table(["chosen from (guidance family)", "dpo pairs", "sft rows"],
                                     [[k, v.get("dpo", 0), v.get("sft", 0)]
                                      for k, v in sorted(release.families.items())]))
+    if release.lineage:
+        lines.append("Rounds: the policy that rolled each batch out, the training run and data that made it, and of "
+                     "the tasks that needed guidance in an earlier round the ones it solved without:")
+        lines.append(markdown_table(list(release.lineage[0]), [list(row.values()) for row in release.lineage]))
     numbers = {k: v for k, v in release.evaluation.items() if k != "batch"}
     lines.append(markdown_table(["evaluation (batch " + str(release.evaluation.get("batch", "?")) + ")", "value"],
                                 [[k, v] for k, v in sorted(numbers.items())]) if numbers

@@ -1,7 +1,8 @@
 """Teachers write guidance for a failed group: Agent-RLVR's plan, environment feedback and
-environment-interaction advice from one failed attempt, and a hindsight hint from all of them
-(pipeline/guidance/hindsight.py). An LLM teacher (Anthropic or OpenAI-compatible) or an offline
-rule-based one that derives every kind from the gold patch, the failing tests and the attempts.
+environment-interaction advice from one failed attempt (each alone, and the three combined in one guidance
+from the same answer), and a hindsight hint from all of them (pipeline/guidance/hindsight.py). An LLM
+teacher (Anthropic or OpenAI-compatible) or an offline rule-based one that derives every kind from the gold
+patch, the failing tests and the attempts.
 Guidance that copies the gold patch is flagged.
 """
 
@@ -17,10 +18,10 @@ from typing import Protocol
 from pipeline.agent.policy import Policy
 from pipeline.guidance.expert import patch_edits
 from pipeline.guidance.hindsight import hindsight_prompt, parse_hindsight_answer, rule_hindsight
-from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, describe_change,
-                                            enclosing_function, tool_messages)
+from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, combined_guidance,
+                                            describe_change, enclosing_function, tool_messages)
 from pipeline.records import Task, Trajectory
-from pipeline.vocab import RLVR_KINDS
+from pipeline.vocab import RLVR_PARTS
 
 __all__ = ["LLMTeacher", "RuleTeacher", "Teacher", "TeacherError", "TeacherGuidance", "flag_leaks", "leaks_patch"]
 
@@ -29,7 +30,7 @@ class Teacher(Protocol):
     name: str
 
     def teach(self, task: Task, failed: Trajectory) -> list[TeacherGuidance]:
-        """Agent-RLVR's kinds for a task, from one of its failed attempts."""
+        """Agent-RLVR's kinds for a task, from one of its failed attempts: its three parts, then them combined."""
         ...
 
     def hindsight(self, task: Task, group: list[Trajectory]) -> TeacherGuidance:
@@ -67,9 +68,10 @@ class RuleTeacher:
         feedback = self._feedback(failed, path, func, test)
         interaction = self._interaction(failed, path, line, test)
         funcs = (func,) if func else ()
-        return [TeacherGuidance("plan", plan, (path,), funcs, self.name),
-                TeacherGuidance("environment_feedback", feedback, (path,), funcs, self.name),
-                TeacherGuidance("environment_interaction", interaction, (path,), funcs, self.name)]
+        parts = [TeacherGuidance("plan", plan, (path,), funcs, self.name),
+                 TeacherGuidance("environment_feedback", feedback, (path,), funcs, self.name),
+                 TeacherGuidance("environment_interaction", interaction, (path,), funcs, self.name)]
+        return [*parts, combined_guidance(parts)]
 
     def hindsight(self, task: Task, group: list[Trajectory]) -> TeacherGuidance:
         return rule_hindsight(task, group, self.name)
@@ -139,15 +141,17 @@ class LLMTeacher:
 
 
 def parse_teacher_answer(text: str, teacher: str, item: str) -> list[TeacherGuidance]:
-    """The three kinds from the teacher's JSON answer (a fenced block is fine)."""
+    """The three parts from the teacher's JSON answer (a fenced block is fine), then them combined: one answer
+    writes all four, so combined guidance costs no call of its own."""
     match = re.search(r"\{.*\}", text, re.S)
     try:
         data = json.loads(match.group(0)) if match else None
     except json.JSONDecodeError:
         data = None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data[k].strip() for k in RLVR_KINDS):
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and data[k].strip() for k in RLVR_PARTS):
         raise TeacherError(f"{item}: the teacher's answer is not a JSON object with non-empty "
-                           f"{', '.join(RLVR_KINDS)}; got: {text[:300]!r}")
+                           f"{', '.join(RLVR_PARTS)}; got: {text[:300]!r}")
     found_files = tuple(str(f) for f in data.get("files") or [])
     found_funcs = tuple(str(f) for f in data.get("functions") or [])
-    return [TeacherGuidance(k, data[k], found_files, found_funcs, teacher) for k in RLVR_KINDS]
+    parts = [TeacherGuidance(k, data[k], found_files, found_funcs, teacher) for k in RLVR_PARTS]
+    return [*parts, combined_guidance(parts)]

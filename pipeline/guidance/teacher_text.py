@@ -1,5 +1,5 @@
-"""What teachers write and read: the guidance record, the words that describe a change without making it,
-where a patch's change lies, and a failed attempt abridged for a prompt."""
+"""What teachers write and read: the guidance record (and Agent-RLVR's three parts combined into one), the words
+that describe a change without making it, where a patch's change lies, and a failed attempt abridged for a prompt."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.records import Task, Trajectory
-from pipeline.vocab import TeacherKind
+from pipeline.vocab import RLVR_PARTS, TeacherKind
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,13 @@ class TeacherGuidance:
     tokens_in: int = 0
     """Prompt tokens of the teacher call that wrote it, as the server reported them (0: the rule teacher)."""
     tokens_out: int = 0
-    """Tokens that call generated (one call writes Agent-RLVR's three kinds: each carries the call's count)."""
+    """Tokens that call generated (one call writes Agent-RLVR's three parts and so their combination: each carries
+    the call's count)."""
 
     def prompt_text(self) -> str:
         """What the guided attempt's task prompt gets."""
-        return f"Guidance ({self.kind.replace('_', ' ')}):\n{self.text.strip()}"
+        about = COMBINED_TITLE if self.kind == "combined" else self.kind.replace("_", " ")
+        return f"Guidance ({about}):\n{self.text.strip()}"
 
 
 class TeacherError(RuntimeError):
@@ -38,6 +40,32 @@ class TeacherError(RuntimeError):
     def __init__(self, message: str, tokens_in: int = 0, tokens_out: int = 0):
         super().__init__(message)
         self.tokens_in, self.tokens_out = tokens_in, tokens_out
+
+
+PART_TITLES = {"plan": "Plan", "environment_feedback": "Environment feedback",
+               "environment_interaction": "Environment interaction"}
+"""The heading each of Agent-RLVR's parts gets inside combined guidance."""
+COMBINED_TITLE = "plan, environment feedback and environment interaction"
+"""What a combined prompt's header says it holds (the policy never sees the word 'combined')."""
+
+
+def combined_guidance(parts: list[TeacherGuidance]) -> TeacherGuidance:
+    """Agent-RLVR's three parts of one teacher answer as one guidance, each under its heading; it carries that
+    answer's call tokens like the parts do (no call of its own: pipeline/costs.py shares the call among them)."""
+    by_kind = {g.kind: g for g in parts}
+    missing = [k for k in RLVR_PARTS if k not in by_kind]
+    if missing:
+        raise TeacherError(f"combined guidance needs all of {', '.join(RLVR_PARTS)}; missing {', '.join(missing)}")
+    chosen = [by_kind[k] for k in RLVR_PARTS]
+    text = "\n\n".join(f"{PART_TITLES[g.kind]}:\n{g.text.strip()}" for g in chosen)
+    first = chosen[0]
+    return TeacherGuidance("combined", text, _union(g.files for g in chosen), _union(g.functions for g in chosen),
+                           first.teacher, tokens_in=first.tokens_in, tokens_out=first.tokens_out)
+
+
+def _union(groups) -> tuple[str, ...]:
+    """The names of every group, each once, in the order first named."""
+    return tuple(dict.fromkeys(name for group in groups for name in group))
 
 
 CHANGE_WORDS = [  # (test on removed+added text, description): what kind of change, never the change
