@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=24)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed", "bf16", "fp16"])
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -109,7 +109,8 @@ def main() -> None:
                                        kl_weight=0.001, max_length=8192, precision=args.precision)
     ag = train_actguide(ag_config, model, folder, root / "actguide").summary
     examples, _ = prepare_examples(read_split(folder, "actguide"), tokenizer, ag_config)
-    ag_plain = plain_steps(model, [e.prompt_ids + e.response_ids for e in examples], args.batch, args.steps, pad)
+    ag_plain = plain_steps(model, [s.prompt_ids + s.response_ids for e in examples for s in e.segments], args.batch,
+                           args.steps, pad)
 
     phases = ag["seconds_by_phase"]
     total = sum(phases.values())

@@ -174,6 +174,22 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradient(tiny, folder):
         assert torch.allclose(part_grads[name], grad, rtol=1e-4, atol=1e-7), name
 
 
+def test_bf16_mixed_keeps_fp32_weights_and_computes_in_bf16(tiny, folder):
+    """'auto' on a GPU: the weights (and so AdamW's state and update) stay fp32, the forward runs under bf16
+    autocast; the step's loss is the fp32 one up to bf16's rounding, not the same number."""
+    from training.common import load_model
+
+    examples = folder_examples(tiny, folder)
+    full, full_grads, _ = first_step(tiny, examples)
+    mixed, mixed_grads, trainer = first_step(tiny, examples, precision="bf16-mixed")
+    assert load_model(tiny, "bf16-mixed").dtype == torch.float32
+    assert all(g.dtype == torch.float32 for g in mixed_grads.values())
+    assert mixed["loss"] == pytest.approx(full["loss"], rel=0.05, abs=0.02) and mixed["loss"] != full["loss"]
+    dot = sum((full_grads[n] * mixed_grads[n]).sum() for n in full_grads)
+    norms = (sum((g ** 2).sum() for g in full_grads.values()) * sum((g ** 2).sum() for g in mixed_grads.values())) ** 0.5
+    assert dot / norms > 0.9  # the same direction
+
+
 def test_checkpointing_recomputes_each_layer_in_the_backward_and_changes_no_gradient(tiny, folder):
     from training.common import enable_checkpointing
 

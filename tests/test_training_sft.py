@@ -254,14 +254,15 @@ def test_auto_precision_and_checkpointing_on_a_cpu_and_what_each_setting_passes_
     from training.config import DPOTrainingConfig
 
     assert (resolved_precision("auto"), checkpointing_on("auto")) == ("fp32", False)
-    assert [resolved_precision(p) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+    assert [resolved_precision(p) for p in ("fp32", "bf16-mixed", "bf16", "fp16")] == ["fp32", "bf16-mixed", "bf16",
+                                                                                       "fp16"]
     for setting, on in (("on", True), ("off", False), ("auto", False)):
         for config_class, config in ((SFTConfig, SFTTrainingConfig(gradient_checkpointing=setting)),
                                      (DPOConfig, DPOTrainingConfig(gradient_checkpointing=setting))):
             args = config_class(**trainer_args(config_class, config, tmp_path, use_cpu=True))
             assert (args.activation_checkpointing, args.gradient_checkpointing) == (on, on)
-    for precision, flags in (("auto", (False, False)), ("fp32", (False, False)), ("bf16", (True, False)),
-                             ("fp16", (False, True))):
+    for precision, flags in (("auto", (False, False)), ("fp32", (False, False)), ("bf16-mixed", (True, False)),
+                             ("bf16", (True, False)), ("fp16", (False, True))):
         args = trainer_args(SFTConfig, SFTTrainingConfig(precision=precision), tmp_path, use_cpu=True)
         assert (args["bf16"], args["fp16"]) == flags
     assert trainer_args(SFTConfig, SFTTrainingConfig(), tmp_path, True)["report_to"] == []

@@ -40,8 +40,8 @@ from typing import Any, Callable
 from pipeline.agent.identity import local_identity
 from training.actguide_examples import Example, prepare_examples
 from training.actguide_objective import check_dual_clip, low_var_kl, policy_terms
-from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, TrainingDataError, checkpointing_on,
-                             enable_checkpointing, finish_run, fresh_run_dir, load_model, read_split,
+from training.common import (MetricsLog, PRECISION_DTYPES, Reporter, TrainResult, TrainingDataError, autocast,
+                             checkpointing_on, enable_checkpointing, finish_run, fresh_run_dir, load_model, read_split,
                              resolved_precision)
 from training.config import ActGuideTrainingConfig
 from training.logprobs import micro_batches, sampled_logps
@@ -144,7 +144,8 @@ class ActGuideTrainer:
         return [[(pieces[k], rows[k]) for k in group] for group in groups]
 
     def _score(self, group) -> list:
-        return sampled_logps(self.model, [row for _, row in group], self.pad_id, self.config.logprob_chunk_tokens)
+        with autocast(self.model, self.config.precision):
+            return sampled_logps(self.model, [row for _, row in group], self.pad_id, self.config.logprob_chunk_tokens)
 
     def _logps(self, batch: list[int], guided: bool) -> list:
         """Per example: log-probs of its sampled tokens, every segment after its unguided context (or the

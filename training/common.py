@@ -25,7 +25,7 @@ from pipeline.layout import Layout
 from pipeline.pictures import line_chart_png
 from training.tiny_model import build_tiny_model
 
-PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+PRECISION_DTYPES = {"fp32": "float32", "bf16-mixed": "float32", "bf16": "bfloat16", "fp16": "float16"}  # weights
 Reporter = Callable[[dict[str, Any]], None]
 ROW_IDS = ("instance_id", "rollout_id", "chosen_rollout_id", "rejected_rollout_id")  # what names a row in an error
 
@@ -89,12 +89,26 @@ def on_gpu() -> bool:
 
 
 def resolved_precision(precision: str) -> str:
-    """`precision` with 'auto' made concrete: bf16 on a GPU that has it, else fp32 (a CPU)."""
+    """`precision` with 'auto' made concrete: bf16-mixed on a GPU that has bf16, else fp32 (a CPU).
+
+    Mixed, not pure bf16: AdamW's step at the learning rates these methods use (1e-6 and below) is smaller than
+    bf16's resolution on most weights, so weights held in bf16 would mostly not move."""
     if precision != "auto":
         return precision
     import torch
 
-    return "bf16" if on_gpu() and torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16-mixed" if on_gpu() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def autocast(model, precision: str):
+    """The context a forward runs in: bf16 autocast under bf16-mixed (fp32 weights), else nothing added."""
+    import contextlib
+
+    import torch
+
+    if resolved_precision(precision) != "bf16-mixed":
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
 
 
 def checkpointing_on(setting: str) -> bool:
@@ -175,7 +189,7 @@ def trainer_args(config_class: type, config, out_dir: Path, use_cpu: bool,
         lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup,
         per_device_train_batch_size=config.per_device_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps, num_train_epochs=config.epochs,
-        max_steps=config.max_steps, bf16=resolved_precision(config.precision) == "bf16",
+        max_steps=config.max_steps, bf16=resolved_precision(config.precision) in ("bf16", "bf16-mixed"),
         fp16=resolved_precision(config.precision) == "fp16",
         seed=config.seed, **checkpointing, logging_steps=1, save_strategy="no", report_to=list(report_to),
         use_cpu=use_cpu,

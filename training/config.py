@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16-mixed", "bf16", "fp16"]
 Checkpointing = Literal["auto", "on", "off"]
 
 
@@ -62,7 +62,9 @@ class DPOTrainingConfig:
     max_steps: int = -1
     """Optimizer steps; -1: as many as `epochs` makes."""
     precision: Precision = "auto"
-    """auto: bf16 where the device has it, else fp32 (a CPU); or fp32, bf16, fp16 (the last two need hardware that has them)."""
+    """auto: bf16-mixed on a GPU that has bf16, else fp32 (a CPU); bf16-mixed: fp32 weights and optimizer state,
+    bf16 compute; bf16 / fp16: weights and optimizer state in 16 bits too (half the memory, but updates below their
+    resolution are lost: at learning rates near 1e-6 most are)."""
     precompute_ref_log_probs: bool = False
     """Compute the reference model's log-probs once before training, then free it (saves memory)."""
     gradient_checkpointing: Checkpointing = "auto"
@@ -100,7 +102,9 @@ class SFTTrainingConfig:
     stop_patience: int = 5
     """Steps in a row at `stop_at_token_accuracy` before stopping."""
     precision: Precision = "auto"
-    """auto: bf16 where the device has it, else fp32 (a CPU); or fp32, bf16, fp16 (the last two need hardware that has them)."""
+    """auto: bf16-mixed on a GPU that has bf16, else fp32 (a CPU); bf16-mixed: fp32 weights and optimizer state,
+    bf16 compute; bf16 / fp16: weights and optimizer state in 16 bits too (half the memory, but updates below their
+    resolution are lost: at learning rates near 1e-6 most are)."""
     gradient_checkpointing: Checkpointing = "auto"
     """Recompute activations in the backward pass (saves memory, costs time); auto: on when training on a GPU."""
     seed: int = 0
@@ -151,7 +155,9 @@ class ActGuideTrainingConfig:
     max_grad_norm: float = 1.0
     """Gradients are clipped to this norm."""
     precision: Precision = "auto"
-    """auto: bf16 where the device has it, else fp32 (a CPU); or fp32, bf16, fp16: the dtype the model is loaded in."""
+    """auto: bf16-mixed on a GPU that has bf16, else fp32 (a CPU); bf16-mixed: fp32 weights and optimizer state,
+    bf16 compute; bf16 / fp16: weights and optimizer state in 16 bits too (half the memory, but updates below their
+    resolution are lost: at learning rates near 1e-6 most are)."""
     gradient_checkpointing: Checkpointing = "auto"
     """Recompute activations in the backward pass (saves memory, costs time); auto: on when training on a GPU."""
     seed: int = 0
