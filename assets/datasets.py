@@ -25,6 +25,7 @@ from pipeline.datasets.release import Provenance, code_version, cut_release, eva
 from pipeline.datasets.secrets import scan_tables
 from pipeline.tasks.flakiness import left_out, quarantined, read_rechecks, task_table
 from pipeline.pictures import bar_chart_png, markdown_image
+from pipeline.round_report import lineage, lineage_rows
 from pipeline.vocab import DATASET_KINDS
 
 PREVIEW_ROWS = 5
@@ -182,7 +183,8 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
     release = cut_release(folder, settings.layout().releases(), Provenance(
         batch, quarantined=tuple(held), evaluation=evaluation_numbers(settings.layout().latest_pass_at_1()),
-        code_version=code_version(CHECKOUT), settings_sha256=settings_sha256(config), repo_id=config.publish.repo_id))
+        code_version=code_version(CHECKOUT), settings_sha256=settings_sha256(config), repo_id=config.publish.repo_id,
+        lineage=tuple(lineage_rows(lineage(settings.layout())))))
     context.log.info(release.describe())
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []

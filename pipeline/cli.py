@@ -122,8 +122,9 @@ def root_error(failure):
 
 
 HEAD_TO_HEAD = (
-    ("unguided_rollouts", "lineage", "Rounds: the policy that rolled each batch out, the run and data that made it, and "
-                                     "of the tasks that needed guidance in an earlier round those it solved without"),
+    ("unguided_rollouts", "lineage", "Rounds: the policy that rolled each batch out, the run and data that made "
+                                     "it, and of the tasks that needed guidance in an earlier round those it solved "
+                                     "without"),
     ("guided_rollouts", "head_to_head", "Guidance families head to head on the same failed groups, with costs"),
     ("guided_rollouts", "cascade", "What the cascade saved"),
     ("dataset_export", "costs", "Cost per resolved task and per DPO pair, every batch"),
@@ -170,31 +171,39 @@ def run_run(args: argparse.Namespace) -> int:
     return run_selection(args.select, args.config, args.set)
 
 
-# The demo's next round: the next batch rolled out by the checkpoint the first round trained, on the tasks that needed
-# guidance in it first (rollout_tasks 2, pipeline/rounds.py), then its rows and the checkpoint trained on from the
-# first. Its rescue (guidance, guided rollouts) and the other stages are left out to keep the demo under 10 minutes.
-# The tiny checkpoint solves nothing, so its batch adds no row to train on: it trains on both rounds' rows.
-DEMO_ROUND = "key:unguided_rollouts or key:dpo_dataset or key:actguide_dataset or key:sft_dataset or key:dataset_export"
-DEMO_ROUND_SETTINGS = ("rollout_tasks=2", "training.rounds_window=2")
+# The demo's next round: the next batch rolled out by the checkpoint the first round trained, on 2 tasks (those that
+# needed guidance in the first come first: pipeline/rounds.py); then every batch's rows exported and that stage
+# trained on from the checkpoint. The round's rescue (guidance, guided rollouts), the other stages and the evaluation
+# are left out to keep the demo under 10 minutes. The tiny checkpoint solves nothing, so its batch adds no row to
+# train on: it trains on both rounds' rows (training.rounds_window=2).
+DEMO_ROUND = ("rollout_tasks=2", "training.rounds_window=2")
+DEMO_ROUND_ROWS = "key:dpo_dataset or key:actguide_dataset or key:sft_dataset or key:dataset_export"
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """The whole graph with the default experiment, every asset's metadata printed; with `policy.from_stage` set, a
-    second round: the next batch rolled out by the checkpoint the first trained, and the rounds' lineage."""
+    """The whole graph with the default experiment, every asset's metadata printed; with `policy.from_stage` set and
+    its checkpoint made, the next round (`DEMO_ROUND`); then every round's lineage."""
     from assets.partitions import batch_key
+    from pipeline.layout import Layout
+    from pipeline.round_report import lineage, lineage_markdown
+    from pipeline.settings import HandholdConfig, from_mapping
 
     config = run_config(args.config, args.set)
-    values = config["resources"]["settings"]["config"] if config else {}
-    first = batch_key(values.get("batch", ""))
-    code = run_selection("*", args.config, [*args.set, f"batch={first}"], full=True)
-    stage = (values.get("policy") or {}).get("from_stage", "")
-    if code or not stage:
+    values = from_mapping(HandholdConfig, config["resources"]["settings"]["config"] if config else {}, "the demo")
+    first, stage, layout = batch_key(values.batch), values.policy.from_stage, Layout(Path(values.data_dir))
+    code = run_selection("*", args.config, [*args.set, f"batch='{first}'"], full=True)
+    if not stage:
         return code
-    second = f"{first}-next"
-    print(f"\nthe next round: batch {second}, rolled out by the latest {stage} checkpoint "
-          f"({', '.join(DEMO_ROUND_SETTINGS)}), its rows exported, {stage} trained on from that checkpoint", flush=True)
-    return run_selection(f"{DEMO_ROUND} or key:{stage}_model", args.config,
-                         [*args.set, f"batch={second}", *DEMO_ROUND_SETTINGS], full=True)
+    if first not in layout.checkpoint_batches(stage):
+        print(f"\nno next round: batch {first} made no {stage} checkpoint", flush=True)
+        return code or 1
+    second, pairs = f"{first}-next", [*args.set, f"batch='{first}-next'", *DEMO_ROUND]
+    print(f"\nthe next round: batch {second} rolled out by the latest {stage} checkpoint ({', '.join(DEMO_ROUND)}), "
+          f"then its rows exported and {stage} trained on from that checkpoint", flush=True)
+    code = run_selection("key:unguided_rollouts", args.config, pairs, full=True) or code
+    code = run_selection(f"{DEMO_ROUND_ROWS} or key:{stage}_model", args.config, pairs, full=True) or code
+    print(f"\nRounds (pipeline/rounds.py):\n{lineage_markdown(lineage(layout))}")
+    return code
 
 
 def run_show_config(args: argparse.Namespace) -> int:

@@ -169,7 +169,8 @@ def round_spec(record: RoundRecord, configured: PolicySpec) -> PolicySpec:
     if not record.trained_by.stage:
         return configured
     return dataclasses.replace(configured, kind=record.kind, model=record.model, from_stage="",
-                               base_url=record.served_at if record.kind == "openai" else "")
+                               base_url=record.served_at if record.kind == "openai" else "",
+                               temperature=record.temperature)
 
 
 def batch_policy(layout: Layout, configured: PolicySpec, batch: str,

@@ -24,7 +24,7 @@ from assets.resources import Credentials, HandholdSettings
 from pipeline.agent.factory import PolicySpec, make_policy
 from pipeline.agent.identity import weights_revision
 from pipeline.agent.loop import AgentConfig
-from pipeline.datasets import DatasetConfig, read_dataset, update_datasets
+from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.datasets.release import Provenance, cut_release
@@ -41,6 +41,7 @@ from pipeline.vocab import DATASET_KINDS
 from tests.loopback import OpenAIServer, Reply, ToolCall, _Handler
 from tests.test_batch_local import calc_task, make_repo
 from tests.test_datasets_build import traj
+from training.common import TrainingDataError, read_split, rows_of_batches
 
 ROLLOUT = RolloutConfig(attempts=1, workers=1, agent=AgentConfig(max_steps=12))
 SFT = {"learning_rate": 1e-3, "lr_scheduler": "constant", "warmup": 0, "per_device_batch_size": 1,
@@ -182,7 +183,8 @@ def test_a_served_checkpoint_must_be_listed_by_the_server_before_the_batch_start
 class ServingHandler(_Handler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            return self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.owner.served]})
+            listed = [{"id": m, "object": "model"} for m in self.owner.served]
+            return self._send(200, {"object": "list", "data": listed})
         return super().do_GET()
 
 
@@ -269,3 +271,23 @@ def test_from_stage_needs_a_policy_that_can_run_a_checkpoint():
         from_mapping(HandholdConfig, {"policy": {"kind": "anthropic", "model": "m", "from_stage": "dpo"}}, "test")
     with pytest.raises(SettingsError, match="training.rounds_window is -1"):
         from_mapping(HandholdConfig, {"training": {"rounds_window": -1}}, "test")
+
+
+def test_a_pipes_launch_trains_only_on_the_rows_of_the_batches_its_spec_names(tmp_path):
+    from training.config import SFTTrainingConfig
+    from training.launch import write_spec
+    from training.run import main
+
+    config = DatasetConfig(test_fraction=0.0)
+    rows = pl.concat([build_rows([traj("s0", reward=1.0, batch="b0")], config).sft,
+                      build_rows([traj("s1", reward=1.0, batch="b1", tag="other")], config).sft])
+    assert rows["batch"].to_list() == ["b0", "b1"]
+    export_dataset(tmp_path / "hf", {"sft": rows}, CardInfo("window", run_id="b1"))
+    spec = write_spec(SFTTrainingConfig(), "no-model-is-loaded", tmp_path / "hf", tmp_path / "run", batches=("b2",))
+    assert json.loads(spec.read_text())["batches"] == ["b2"]
+    with pytest.raises(TrainingDataError, match=r"none of the 2 'sft' train rows comes from the batches this run "
+                                                r"trains on \(b2: training.rounds_window\), they come from b0, b1"):
+        main(["sft", "--spec", str(spec)])
+    with rows_of_batches(("b1",)):
+        assert read_split(tmp_path / "hf", "sft")["rollout_id"] == ["s1"]
+    assert read_split(tmp_path / "hf", "sft")["rollout_id"] == ["s0", "s1"]  # outside: every row

@@ -3,9 +3,9 @@
 The asset launches it (`training.launcher: pipes`, or `k8s` in a pod), directly or through `accelerate launch ... -m
 training.run <stage>`, with the stage's settings, the starting model, the dataset folder and the run
 folder, the batches whose rows it trains on (`training.rounds_window`), and the experiment trackers to log to
-(`training.report_to`). Every logged step goes to the asset's logs; the run's summary comes back as the asset's materialization metadata. Under several processes only rank 0
-talks to Dagster. The settings travel in a JSON file (`--spec`), so every rank reads them, and the module runs
-without Dagster too.
+(`training.report_to`). Every logged step goes to the asset's logs; the run's summary comes back as the asset's
+materialization metadata. Under several processes only rank 0 talks to Dagster. The settings travel in a JSON file
+(`--spec`), so every rank reads them, and the module runs without Dagster too.
 """
 
 from __future__ import annotations
