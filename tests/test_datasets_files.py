@@ -61,8 +61,8 @@ def test_shards_split_the_bytes_of_nested_floats_and_keep_no_min_max_of_message_
     group = pq.ParquetFile(build.shard(tmp_path / "out", "actguide", "b1")).metadata.row_group(0)
     columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
     split = {path for path, column in columns.items() if "BYTE_STREAM_SPLIT" in column.encodings}
-    assert split == {"trajectories.list.element.reward",
-                     "trajectories.list.element.logprobs.list.element.list.element"}
+    assert split == {"trajectories.list.element.reward", "trajectories.list.element.temperature",
+                     "trajectories.list.element.top_p", "trajectories.list.element.logprobs.list.element.list.element"}
     unstated = {path for path, column in columns.items() if not (column.statistics and column.statistics.has_min_max)}
     texts = {path for path, column in columns.items() if "." in path and column.physical_type == "BYTE_ARRAY"}
     assert "trajectories.list.element.completion.list.element.content" in texts and texts <= unstated

@@ -27,8 +27,10 @@ SMALL_TRAINING = {"sft": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gr
                           "max_steps": 2, "max_length": 4096},
                   "dpo": {"learning_rate": 5e-4, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
                           "max_steps": 2, "max_length": 4096},
+                  # the heuristic samples no tokens (recompute), and its guided attempts of a rescued group all
+                  # succeed: replacing the group by them leaves no signal, merged into it they have one
                   "actguide": {"learning_rate": 5e-4, "batch_size": 4, "max_steps": 2, "max_length": 4096,
-                               "behaviour_logprobs": "recompute"},  # the heuristic samples no tokens
+                               "behaviour_logprobs": "recompute", "guided_group": "merge"},
                   "evaluation": {"max_steps": 3, "max_new_tokens": 32}}
 
 
@@ -109,7 +111,8 @@ def test_graph_materializes_on_a_small_slice(base_image, graph_cache, tmp_path):
     assert sum(int(row.split(" | ")[13]) for row in costs) == meta["dpo_dataset"]["rows"].value
     assert "## What it cost" in (tmp_path / "data/datasets/hf/README.md").read_text()
     printed = head_to_head_report(meta)  # what `make demo` ends with
-    assert printed.startswith("Guidance families head to head") and "per DPO pair, every batch:\n| origin" in printed
+    assert printed.startswith("Rounds: the policy that rolled each batch out")
+    assert "\n\nGuidance families head to head" in printed and "per DPO pair, every batch:\n| origin" in printed
 
     for stage in ("sft", "dpo", "actguide"):  # the tiny offline model trained for real on the exported rows
         assert meta[f"{stage}_model"]["steps"].value == 2, stage

@@ -97,7 +97,8 @@ class ActGuideTrainer:
         start = clock(model)
         self.behaviour, self.reference = self._starting_logps()
         self.timings["behaviour_forward"] = clock(model) - start
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+        # fused: one kernel over all parameters, no per-step temporaries of their size (what the TRL stages use)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, fused=True)
         self.scheduler = get_scheduler(config.lr_scheduler, self.optimizer, num_warmup_steps=0,
                                        num_training_steps=len(self.batches))
 

@@ -150,7 +150,7 @@ class ActGuideTrainingConfig:
     micro_batch_tokens: int = 16384
     """Most tokens (padded) in one forward; a batch is scored in micro-batches with gradients accumulated, the loss
     still the token mean over the whole batch. A segment longer than this is refused before the first step."""
-    logprob_chunk_tokens: int = 2048
+    logprob_chunk_tokens: int = 512
     """Positions whose full-vocabulary logits exist at once when log-probs are computed (chunked log-softmax)."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this norm."""

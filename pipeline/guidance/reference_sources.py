@@ -70,6 +70,9 @@ def capped_references(references: list[Reference], max_expert_share: float) -> l
             else r for r in references]
 
 
+PLAN_COLUMNS = {"kind", "action_source", "found", "k_star", "K", "leaked", "accepted", "instance_id"}
+
+
 def plan_frame(plans: Iterable[GuidancePlan]) -> pl.DataFrame:
     """Plans as the table guidance.parquet stores (no `batch` column: the batch is the file's folder)."""
     return pl.from_arrow(pa.Table.from_pylist([p.to_row() for p in plans], schema=GUIDANCE_PLAN_SCHEMA))
@@ -108,8 +111,8 @@ def _chosen_by_source(acts: pl.DataFrame, chosen: pl.DataFrame) -> pl.DataFrame:
 
 def reference_sources_section(plans: pl.DataFrame | None, chosen: pl.DataFrame | None) -> str:
     """The dataset card's section on where action guidance's references came from ('' without action plans)."""
-    if plans is None or not plans.filter(pl.col("kind") == "action").height:
-        return ""
+    if plans is None or not PLAN_COLUMNS <= set(plans.columns) or not plans.filter(pl.col("kind") == "action").height:
+        return ""  # no plans, or a table of plans that is not guidance.parquet's (the k*/K histogram's alone)
     return ("## Reference sources of action guidance\n\nWhere each action plan's reference trajectory came from: "
             "a stored success of the task (`trajectory`), the imported action file (`file`), or the script written "
             "from the gold patch (`expert`, whose edit is the fix); `none`: no reference. Rescue rate: plans "
