@@ -184,7 +184,7 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     release = cut_release(folder, settings.layout().releases(), Provenance(
         batch, quarantined=tuple(held), evaluation=evaluation_numbers(settings.layout().latest_pass_at_1()),
         code_version=code_version(CHECKOUT), settings_sha256=settings_sha256(config), repo_id=config.publish.repo_id,
-        lineage=tuple(lineage_rows(lineage(settings.layout())))))
+        lineage=tuple(lineage_rows(lineage(settings.layout()))), rounds_window=config.training.rounds_window))
     context.log.info(release.describe())
     rates = pass_rates(tables["trajectories"]) if tables["trajectories"].height else pl.DataFrame()
     kinds = rates["guidance_kind"].to_list() if rates.height else []

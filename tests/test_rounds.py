@@ -28,6 +28,7 @@ from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_da
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.datasets.release import Provenance, cut_release
+from pipeline.datasets.release_notes import training_rows
 from pipeline.layout import Layout
 from pipeline.records import TRAJECTORY_SCHEMA, Task
 from pipeline.round_report import lineage, lineage_rows, needed_guidance_before, round_outcome
@@ -156,6 +157,14 @@ def test_round_one_rolls_out_with_round_zeros_checkpoint_and_trains_on_from_it(l
     assert "| r0 | 0 | heuristic | - | - | - | - |" in card
     made = second.trained_by.dataset_sha256[:12]
     assert f"| r1 | 1 | hf {checkpoint} | {digest[:19]} | sft in r0 (round 0) | r0 ({made}) | 0/1 (0%) |" in card
+    assert "Training rows: each run trains on its own round's batches only (on-policy, training.rounds_window: 1)." \
+        in card  # export() releases under the default window
+
+
+def test_the_release_says_which_rows_a_training_run_takes():
+    assert training_rows(0) == "each run trains on every batch's rows (training.rounds_window: 0)"
+    assert training_rows(3) == ("each run trains on the batches of the latest 3 rounds up to its own "
+                                "(training.rounds_window: 3)")
 
 
 def test_a_served_checkpoint_must_be_listed_by_the_server_before_the_batch_starts(local, tmp_path):

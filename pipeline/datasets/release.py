@@ -59,6 +59,8 @@ class Provenance:
     lineage: tuple[Mapping[str, str], ...] = ()
     """Each batch's round (pipeline.round_report.lineage_rows): the policy that rolled it out, the training run and
     dataset that made that policy, what it solved without guidance."""
+    rounds_window: int = 1
+    """training.rounds_window: the rounds whose rows a training run trains on."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         quarantined=tuple(sorted(provenance.quarantined)),
         newly_quarantined=tuple(sorted(set(provenance.quarantined) - set(last.quarantined if last else ()))),
         families=_families(export, digests), evaluation=dict(provenance.evaluation),
-        lineage=tuple(dict(row) for row in provenance.lineage),
+        lineage=tuple(dict(row) for row in provenance.lineage), rounds_window=provenance.rounds_window,
         code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (export / RELEASE_FILE).write_text(json.dumps(asdict(release), indent=2) + "\n")

@@ -52,6 +52,9 @@ class Release:
     lineage: tuple[dict[str, str], ...] = ()
     """Each batch's round: which policy rolled it out, the training run and dataset that made it, what it solved
     without guidance (column -> text, pipeline.round_report.lineage_rows); empty before rounds were recorded."""
+    rounds_window: int = 1
+    """training.rounds_window when it was made: the rounds whose rows a training run trains on (1: its own,
+    on-policy; 0: every batch's)."""
     code_version: str = ""
     """'git <commit>' of the handhold checkout ('+dirty' with changes), else 'handhold <package version>'."""
     settings_sha256: str = ""
@@ -86,6 +89,7 @@ def release_section(release: Release, repo_id: str = "") -> str:
         lines.append("Rounds: the policy that rolled each batch out, the training run and data that made it, and of "
                      "the tasks that needed guidance in an earlier round the ones it solved without:")
         lines.append(markdown_table(list(release.lineage[0]), [list(row.values()) for row in release.lineage]))
+        lines.append(f"Training rows: {training_rows(release.rounds_window)}.")
     numbers = {k: v for k, v in release.evaluation.items() if k != "batch"}
     lines.append(markdown_table(["evaluation (batch " + str(release.evaluation.get("batch", "?")) + ")", "value"],
                                 [[k, v] for k, v in sorted(numbers.items())]) if numbers
@@ -93,6 +97,15 @@ def release_section(release: Release, repo_id: str = "") -> str:
     lines.append(f'Load this release unchanged by later ones: `load_dataset("{repo_id or "<owner>/<name>"}", "dpo", '
                  f'revision="{release.name}")`.')
     return "\n\n".join(lines)
+
+
+def training_rows(window: int) -> str:
+    """What a training run trains on under `training.rounds_window`, in words."""
+    if window == 1:
+        return "each run trains on its own round's batches only (on-policy, training.rounds_window: 1)"
+    if window == 0:
+        return "each run trains on every batch's rows (training.rounds_window: 0)"
+    return f"each run trains on the batches of the latest {window} rounds up to its own (training.rounds_window: {window})"
 
 
 def _names(tasks: tuple[str, ...], shown: int = 20) -> str:
