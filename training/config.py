@@ -150,8 +150,9 @@ class ActGuideTrainingConfig:
     micro_batch_tokens: int = 16384
     """Most tokens (padded) in one forward; a batch is scored in micro-batches with gradients accumulated, the loss
     still the token mean over the whole batch. A segment longer than this is refused before the first step."""
-    logprob_chunk_tokens: int = 512
-    """Positions whose full-vocabulary logits exist at once when log-probs are computed (chunked log-softmax)."""
+    logprob_chunk_tokens: int = 4096
+    """Positions per call of the output head when log-probs are computed (each call's backward adds one dense gradient
+    of the head's weight; within a call, logits exist in tiles of 4096 positions x 16,384 vocabulary entries)."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this norm."""
     precision: Precision = "auto"
