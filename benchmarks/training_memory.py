@@ -8,11 +8,16 @@ long, each in a fresh process. The baseline is plain next-token training over th
 per forward with gradients accumulated over the batch (the model's own loss: full-vocabulary logits).
 
 Peak memory: on a GPU, torch's peak allocated bytes; on a CPU, the process's peak resident size minus its
-size once torch and transformers are imported (so weights, optimizer state and activations all count).
+size once torch and transformers are imported (so weights, optimizer state and activations all count), with glibc's
+heap reuse off for blocks of 128 KiB and more (MALLOC_MMAP_THRESHOLD_ in each child's environment: every tensor is
+its own mapping, returned when freed). Otherwise freed tensors stay resident in a fragmented heap and the figure is
+the allocator's history more than the step's: the same step read 3.4 and 4.8 GiB in two runs. With it the resident
+size follows what the step holds, as torch's allocated bytes do on a GPU.
 Goals (issue #49): ActGuide at batch 8 within 1.2x SFT's peak; ActGuide's peak grows by under 10% from
 batch 1 to batch 8.
 
-    python benchmarks/training_memory.py [--tokens 4096 8192] [--layers 2] [--dir /tmp/x]
+    python benchmarks/training_memory.py [--tokens 4096 8192] [--layers 2] [--dir /tmp/x] [--stages sft actguide8]
+                                                 # --dir: reuses the model and rows built there before
     python benchmarks/training_memory.py --shape 0.5b --tokens 16384      # on a GPU: the real depth
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -35,6 +41,12 @@ sys.path.insert(0, str(ROOT))
 SHAPES = {"0.5b": (896, 4864, 14, 2, 24), "1.5b": (1536, 8960, 12, 2, 28)}
 VOCABULARY = 151_936
 TASKS = 4  # each: two unguided failures, one unguided and one guided success -> 8 DPO pairs, 8 SFT rows, 12 ActGuide
+# the table's rows (--stages): its name, the stage, the batch
+STAGES = {"plain": ("plain LM (batch 8)", "plain", 8), "sft": ("SFT (default)", "sft", 8),
+          "dpo": ("DPO (default)", "dpo", 8), "actguide1": ("ActGuide batch 1", "actguide", 1),
+          "actguide8": ("ActGuide batch 8", "actguide", 8)}
+# glibc: allocations of this many bytes or more get their own mapping, unmapped when freed (see the docstring)
+MMAP_THRESHOLD = str(128 * 1024)
 
 
 def build_model(folder: Path, shape: str, layers: int, tokens: int) -> Path:
@@ -171,7 +183,8 @@ def child(args) -> None:
 def run(stage: str, model: Path, dataset: Path, folder: Path, batch: int, max_length: int) -> dict:
     command = [sys.executable, __file__, "--child", stage, "--model", str(model), "--dataset", str(dataset),
                "--out", str(folder / f"run-{stage}-{batch}"), "--batch", str(batch), "--max-length", str(max_length)]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD})
     if done.returncode:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return {"error": " | ".join(tail)[-300:]}
@@ -184,6 +197,8 @@ def main() -> None:
     parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
     parser.add_argument("--layers", type=int, default=2, help="0: the shape's own depth")
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES),
+                        help="which rows of the table to run; all by default")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     for name in ("--model", "--dataset", "--out"):
         parser.add_argument(name, default="", help=argparse.SUPPRESS)
@@ -196,25 +211,28 @@ def main() -> None:
     import torch
 
     folder = Path(args.dir or tempfile.mkdtemp(prefix="handhold-memory-"))
-    model = build_model(folder, args.shape, args.layers, max(args.tokens))
+    model = folder / f"model-{args.shape}-{args.layers}"
+    if not (model / "config.json").exists():
+        model = build_model(folder, args.shape, args.layers, max(args.tokens))
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (peak RSS over the imports)"
     print(f"{args.shape} width, {args.layers or SHAPES[args.shape][4]} layers, vocabulary {VOCABULARY:,}; {where}")
     print(f"{'tokens':>7} {'stage':<18} {'peak GiB':>9} {'x plain':>8} {'seconds':>8}")
     for tokens in args.tokens:
-        dataset = export_rows(folder, model, tokens)
+        dataset = folder / f"rows-{tokens}"
+        if not (dataset / "README.md").exists():
+            dataset = export_rows(folder, model, tokens)
         max_length = 32768  # every row whole: the memory of the row asked for, not of a cut one
         results = {}
-        for name, stage, batch in (("plain LM (batch 8)", "plain", 8), ("SFT (default)", "sft", 8),
-                                   ("DPO (default)", "dpo", 8), ("ActGuide batch 1", "actguide", 1),
-                                   ("ActGuide batch 8", "actguide", 8)):
+        for name, stage, batch in (STAGES[key] for key in args.stages):
             results[name] = result = run(stage, model, dataset, folder, batch, max_length)
             if "error" in result:
                 print(f"{tokens:>7} {name:<18} failed: {result['error']}")
                 continue
-            plain = results["plain LM (batch 8)"].get("peak_gib")
+            plain = results.get("plain LM (batch 8)", {}).get("peak_gib")
             ratio = f"{result['peak_gib'] / plain:.2f}" if plain else "-"
             print(f"{tokens:>7} {name:<18} {result['peak_gib']:>9.2f} {ratio:>8} {result['seconds']:>8.1f}")
-        one, eight, sft = (results[n].get("peak_gib") for n in ("ActGuide batch 1", "ActGuide batch 8", "SFT (default)"))
+        one, eight, sft = (results.get(n, {}).get("peak_gib") for n in ("ActGuide batch 1", "ActGuide batch 8",
+                                                                          "SFT (default)"))
         if one and eight and sft:
             print(f"{tokens:>7} goals: ActGuide batch 8 / SFT {eight / sft:.2f} (goal <= 1.2); "
                   f"ActGuide batch 8 / batch 1 {eight / one:.2f} (goal < 1.10)")

@@ -20,10 +20,12 @@ ids it sampled (`training.tokens`). With `behaviour_logprobs: recompute` (the de
 computes the behaviour log-probs once before the first step, on the prompt each attempt was sampled under; with
 `stored` they are the rollout's own numbers, refused unless the starting model sampled them.
 
-At scale: a batch is scored in micro-batches of at most `micro_batch_tokens` padded tokens (segments packed
-longest first), gradients accumulated, each micro-batch's sum divided by the whole batch's token count; log-probs
-come from the backbone's hidden states through the output head `logprob_chunk_tokens` positions at a time
-(training/logprobs.py), so no row's full-vocabulary logits exist at once. Under `accelerate launch` with N
+At scale: a batch is scored in micro-batches of at most `micro_batch_tokens` padded tokens (by default as many as
+its longest segment: shorter ones packed up to it, so a step's peak is that of its longest segment's forward, as one
+row a forward in SFT) with segments packed longest first, gradients accumulated, each micro-batch's sum divided by
+the whole batch's token count; log-probs come from the backbone's hidden states through the output head
+`logprob_chunk_tokens` positions at a time, the head's gradient added into `.grad` in place (training/logprobs.py),
+so no row's full-vocabulary logits exist at once. Under `accelerate launch` with N
 processes each takes every N-th trajectory of the same shuffled batch and the gradients are summed across them:
 one step is the same as one process's over the whole batch. Only rank 0 writes the run folder.
 The examples it trains on: training/actguide_examples.py.
@@ -53,6 +55,8 @@ STATS = ("policy", "kl", "ratio", "clipped", "dual_clipped")  # per-token sums a
 
 def check_lengths(examples: list[Example], config: ActGuideTrainingConfig) -> None:
     """Refuse, before any forward, a segment (its longer prompt plus response) that no micro-batch can hold."""
+    if not config.micro_batch_tokens:  # each batch's budget is its longest segment: every segment fits
+        return
     for e in examples:
         for s in e.segments:
             length = max(len(s.prompt_ids), len(s.sampled_prompt_ids)) + len(s.response_ids)
@@ -141,7 +145,8 @@ class ActGuideTrainer:
         for i, j in pieces:
             s = self.examples[i].segments[j]
             rows.append((s.sampled_prompt_ids if guided else s.prompt_ids, s.response_ids, s.mask))
-        groups = micro_batches([len(p) + len(r) for p, r, _ in rows], self.config.micro_batch_tokens)
+        lengths = [len(p) + len(r) for p, r, _ in rows]
+        groups = micro_batches(lengths, self.config.micro_batch_tokens or max(lengths, default=0))
         return [[(pieces[k], rows[k]) for k in group] for group in groups]
 
     def _score(self, group) -> list:

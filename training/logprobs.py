@@ -2,11 +2,10 @@
 
 A causal LM's forward returns logits of shape (rows, positions, vocabulary): at 8 rows of 8k tokens and Qwen's
 151,936-token vocabulary that is 40 GB in fp32 before a single log-softmax. Here the backbone returns its last
-hidden states, only the positions whose next token was sampled are kept, and TRL's `ChunkedLogProbFunction`
-projects them through the output head a call of `chunk` positions at a time, and within a call a tile of at most
-4096 positions x VOCABULARY_TILE entries at a time (an online logsumexp over the vocabulary in fp32; its backward
-recomputes each tile instead of keeping it). Each call's backward adds one dense fp32 gradient of the head's weight
-(0.5 GiB for Qwen2.5-0.5B's), so fewer, longer calls cost less.
+hidden states, only the positions whose next token was sampled are kept, and training/head_logprobs.py projects them
+through the output head `chunk` positions x 16,384 vocabulary entries at a time (an online logsumexp over the
+vocabulary in fp32; its backward recomputes each tile instead of keeping it, and adds the head's gradient into the
+weight's `.grad` in place rather than making a second dense gradient of the head's size).
 """
 
 from __future__ import annotations
@@ -14,9 +13,6 @@ from __future__ import annotations
 from typing import Sequence
 
 Row = tuple[list[int], list[int], list[int]]  # (prefix ids, response ids, mask: 1 on the tokens to score)
-# Vocabulary entries per tile of TRL's kernel: its logits buffer is (up to 4096 positions, this) fp32, 256 MiB at
-# most; the whole vocabulary as one tile was 2.3 GiB for 4096 positions of Qwen's 151,936
-VOCABULARY_TILE = 16384
 
 
 def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -46,19 +42,13 @@ def head_scaling(model) -> tuple[float | None, float]:
 
 
 def chunked_logps(model, hidden, targets, chunk: int):
-    """log p(targets[n] | hidden[n]) through the model's output head, `chunk` positions at a time; (N,) fp32.
-
-    hidden: (N, H) last hidden states; targets: (N,) token ids."""
-    import torch
-    from trl.kernels import ChunkedLogProbFunction
+    """log p(targets[n] | hidden[n]) through the model's output head, its logits `chunk` positions at a time; (N,)
+    fp32. hidden: (N, H) last hidden states; targets: (N,) token ids."""
+    from training.head_logprobs import HeadLogProbs
 
     head = model.get_output_embeddings()
     softcap, scale = head_scaling(model)
-    bias = getattr(head, "bias", None)
-    pieces = [ChunkedLogProbFunction.apply(hidden[start:start + chunk], head.weight, bias,
-                                           targets[start:start + chunk], 1.0, VOCABULARY_TILE, softcap, scale, ())[0]
-              for start in range(0, hidden.shape[0], chunk)]
-    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    return HeadLogProbs.apply(hidden, head.weight, getattr(head, "bias", None), targets, chunk, softcap, scale)
 
 
 def sampled_logps(model, rows: Sequence[Row], pad_id: int, chunk: int) -> list:
