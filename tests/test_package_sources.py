@@ -256,10 +256,10 @@ def test_a_test_that_passes_on_some_runs_is_never_pass_to_pass(tmp_path):
     assert "tests/test_calc.py::test_flaky" in once.passed  # one run cannot tell
 
 
-def test_an_id_the_log_parser_gives_two_tests_reads_failed_when_either_fails(tmp_path):
-    """The parser cuts each summary line at its first space (`test_name[Action Man]` and `[Action Figure]` are
-    both `test_name[Action`) and the last line of an id wins. `-rA` prints failures and errors after passes, so
-    such an id passes only when all its tests pass: a fix leaving one of them failing is never paid."""
+def test_ids_with_spaces_are_read_whole(tmp_path):
+    """swebench's parser cuts each summary line at its first space (`test_name[Action Man]` and `[Action Figure]`
+    are both `test_name[Action`); the synthesized tasks' parser reads each id whole, so each test keeps its own
+    outcome (tests/test_pytest_outputs.py holds it to pytest's JUnit report)."""
     tree(tmp_path / "calc", {"tests/test_names.py": (
         "import pytest\n\n\n@pytest.mark.parametrize('name', ['Action Man', 'Action Figure', 'Solo Act'])\n"
         "def test_name(name):\n    assert name != 'Action Man'\n")})
@@ -270,8 +270,10 @@ def test_an_id_the_log_parser_gives_two_tests_reads_failed_when_either_fails(tmp
     assert "PASSED tests/test_names.py::test_name[Action Figure]" in log
     assert "FAILED tests/test_names.py::test_name[Action Man]" in log
     assert log.index("FAILED tests/test_names.py::test_name[Action Man]") > log.index("PASSED tests/")
-    assert parser_registry()[LOG_PARSER](log, None)[collapsed] == "FAILED"
-    assert collapsed not in base.passed and "tests/test_names.py::test_name[Solo" in base.passed
+    assert parser_registry()["parse_log_pytest"](log, None)[collapsed] == "FAILED"
+    assert parser_registry()[LOG_PARSER](log, None)["tests/test_names.py::test_name[Action Man]"] == "FAILED"
+    assert collapsed not in base.passed and {"tests/test_names.py::test_name[Solo Act]",
+                                             "tests/test_names.py::test_name[Action Figure]"} <= base.passed
 
 
 def candidate(original: str, mutated: str) -> BugCandidate:

@@ -144,7 +144,8 @@ def harness_resolves(sb, task: Task, patch: str) -> bool:
     sb.run(tree.harness_script(sb, task, f"{sb.scratch}/raw.patch", log_path), timeout=TEST_TIMEOUT)
     spec = SwebenchSpec(instance_id=task.instance_id, image=task.image, eval_script_list=[], repo=task.repo,
                         version=task.version, FAIL_TO_PASS=list(task.FAIL_TO_PASS),
-                        PASS_TO_PASS=list(task.PASS_TO_PASS), log_parser=task.log_parser, eval_type="pass_and_fail")
+                        PASS_TO_PASS=list(task.PASS_TO_PASS), log_parser="parse_log_pytest",  # the plain harness's
+                        eval_type="pass_and_fail")
     with tempfile.NamedTemporaryFile("wb", suffix=".log") as f:
         f.write(sb.read_file(log_path))
         f.flush()

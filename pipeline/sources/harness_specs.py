@@ -99,11 +99,15 @@ def resolve_log_parser(name: str) -> str | None:
 
 @functools.cache
 def parser_registry() -> dict[str, Any]:
-    """swebench's PARSER_REGISTRY: log parser name -> function."""
+    """swebench's PARSER_REGISTRY: log parser name -> function, with the summary parser of synthesized tasks
+    (pipeline/verifier/pytest_log.py) registered beside swebench's own."""
     # Imported here: `swebench.harness` imports its docker, datasets (pandas) and modal modules, seconds of CPU in
     # every process that loads the pipeline (a Dagster code server, the daemon) and never reads a log
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
+    from pipeline.verifier.pytest_log import register
+
+    register()
     return PARSER_REGISTRY
 
 

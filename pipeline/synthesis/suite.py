@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.sources.harness_specs import parser_registry
 from pipeline.synthesis.callmap import CallMap
 from pipeline.synthesis.packages import PackageError, PackageSpec, test_command
 from pipeline.synthesis.subjects import ApiIndex
+from pipeline.verifier.pytest_log import SUMMARY_PARSER, neutral_exports, strip_ansi, summary_statuses
 from sandbox.base import Sandbox
 
 if TYPE_CHECKING:
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOG_PARSER = "parse_log_pytest"
+# The tasks' parser: the last short summary's ids read whole (a line a test prints is no verdict; an id keeps its
+# spaces), the one the verifier grades them with
+LOG_PARSER = SUMMARY_PARSER
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Baseline:
 def run_suite(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[dict[str, str], str, bool]:
     """Status per test, the log and whether it timed out (output read from a file: never capped)."""
     text, timed_out = _logged_run(sandbox, test_command(spec), "suite.log", timeout)
-    return parser_registry()[LOG_PARSER](text, None), text, timed_out
+    return summary_statuses(text), text, timed_out
 
 
 def with_test_files(spec: PackageSpec, files: tuple[str, ...] | None) -> PackageSpec:
@@ -53,10 +55,12 @@ def with_test_files(spec: PackageSpec, files: tuple[str, ...] | None) -> Package
 
 
 def _logged_run(sandbox: Sandbox, command: str, log_name: str, timeout: float) -> tuple[str, bool]:
-    """(output, timed out) of `command` run in the workdir, its output written to a scratch file and read back."""
+    """(output, timed out) of `command` run in the workdir, its output written to a scratch file and read back;
+    pytest neutralised as the verifier's runs are (colour off, every outcome in the summary),
+    in a subshell: nothing of it stays in the session."""
     log_file = f"{sandbox.scratch}/{log_name}"
-    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && {command} > {log_file} 2>&1",
-                         timeout=timeout)
+    result = sandbox.run(f"mkdir -p {sandbox.scratch} && cd {sandbox.workdir} && ({neutral_exports(summary=True)}; "
+                         f"{command}) > {log_file} 2>&1", timeout=timeout)
     return sandbox.read_file(log_file).decode("utf-8", errors="replace"), result.timed_out
 
 
@@ -78,7 +82,7 @@ def baseline(sandbox: Sandbox, spec: PackageSpec, config: SynthConfig) -> Baseli
     passed = frozenset(t for t in ever if all(run.get(t) == "PASSED" for run in runs))
     ran = [t for t, s in first.items() if s != "SKIPPED"]
     if not ran or len(passed) / len(ran) < config.min_pass_rate:
-        errors = [line for line in text.splitlines() if line.startswith("E  ")][:3]
+        errors = [line for line in strip_ansi(text).splitlines() if line.startswith("E  ")][:3]
         raise PackageError(f"{spec.key}: only {len(passed)} of {len(ran)} tests pass on every one of "
                            f"{len(runs)} runs before any bug (need {config.min_pass_rate:.0%}); fix the test "
                            f"requirements or test_paths in the package entry (or lower min_pass_rate); "
@@ -109,5 +113,6 @@ def runnable(sandbox: Sandbox, spec: PackageSpec, config: SynthConfig) -> Packag
 
 def _collect(sandbox: Sandbox, spec: PackageSpec, timeout: float) -> tuple[set[str], int]:
     """(test ids, collection errors) of one `--collect-only` run."""
-    lines = _logged_run(sandbox, f"{test_command(spec)} --collect-only -q", "collect.log", timeout)[0].splitlines()
+    text = _logged_run(sandbox, f"{test_command(spec)} --collect-only -q", "collect.log", timeout)[0]
+    lines = strip_ansi(text).splitlines()
     return {line for line in lines if "::" in line}, sum(line.startswith("ERROR ") for line in lines)

@@ -10,7 +10,9 @@ In a fresh sandbox from the task's image, as root and out of the sandbox user's 
    own plugins named explicitly) and a JUnit report; their output and exit code are captured by
    root, and every process the tests left is killed before anything is read back;
 4. swebench grades a log built from that output, between markers the tests cannot forge, with
-   the real exit code; the JUnit report must agree with every test counted as passing;
+   the real exit code (pytest's colour, xdist and report plugins neutralised, escapes stripped, the
+   summary's ids read whole for synthesized tasks: pipeline/verifier/pytest_log.py); the JUnit report must agree with
+   every test counted as passing;
 5. a plugin of the grader's (pipeline/verifier/pytest_guard.py) signs each test's real outcome, taken before any
    report is made, with a key the code under test never sees; it too must agree;
 6. static flags on what the patch adds (pytest internals, exit hooks, forged verdicts) are
@@ -41,6 +43,7 @@ from pipeline.verifier.empty_patch import graded_once
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.verifier.junit import guard_disagreements, junit_disagreements
+from pipeline.verifier.pytest_log import SUMMARY_PARSER, register, strip_ansi
 from pipeline.verifier.steps import (GIT, GUARD, apply_script, guard_dir, list_script, private_folders, report_folder,
                                      test_script)
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
@@ -48,8 +51,8 @@ from sandbox.privileged import exchange
 from sandbox.session_files import WRITE_CHUNK
 
 log = logging.getLogger(__name__)
-GRADER_VERSION = "3"  # bump when a verdict may change: tasks validated by an older grader are validated again
-PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")
+GRADER_VERSION = "4"  # bump when a verdict may change: tasks validated by an older grader are validated again
+PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2", SUMMARY_PARSER)
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
 _PROBED: dict[tuple[str, str], tuple[list[str], frozenset[str]]] = {}  # (image, python) -> probe, per process
 _TOPS: dict[tuple[str, str, str], set[str]] = {}  # (image, base, work tree) -> a fresh tree's top-level names
@@ -235,10 +238,11 @@ def _nul_list(paths: list[str]) -> bytes:
 
 
 def _swebench_log(run: _Run) -> str:
-    """swebench's log: the tests' output with any marker-like line dropped, framed by root's markers."""
+    """swebench's log: the tests' output, ANSI escapes stripped (a package may ask pytest for colour), any
+    marker-like line dropped, framed by root's markers."""
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE  # see `_graded`
 
-    body = "\n".join(line for line in run.output.splitlines() if ">>>>>" not in line)
+    body = "\n".join(line for line in strip_ansi(run.output).splitlines() if ">>>>>" not in line)
     return f"{START_TEST_OUTPUT}\n{body}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {run.exit_code}\n"
 
 
@@ -254,6 +258,7 @@ def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
     # of every process that loads the pipeline (a Dagster code server, the daemon, a run) and never grades.
     from swebench.harness.grading import get_eval_report
 
+    register()
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
         f.write(log)
         f.flush()

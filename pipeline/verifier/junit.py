@@ -14,8 +14,9 @@ import xml.etree.ElementTree as ElementTree
 
 
 def dotted(node_id: str) -> str:
-    """`path/to/test_a.py::Class::test[param]` -> `path.to.test_a.Class.test[param]`."""
-    head, bracket, params = node_id.partition("[")
+    """`path/to/test_a.py::Class::test[param]` -> `path.to.test_a.Class.test[param]`; a newline in the parameters
+    (an id pytest was told not to escape) is a space, as the guard plugin's one-line records write it."""
+    head, bracket, params = node_id.replace("\n", " ").partition("[")
     head = head.replace(".py::", "::").replace("::", ".").replace("/", ".")
     return head + bracket + params
 

@@ -4,7 +4,8 @@ It records each test's real outcome, taken from the exception of its setup, call
 (pluggy hands it to this hook wrapper before any report is made), and signs each record with
 a key the grader passes on a descriptor that is read and closed when pytest loads the plugin,
 before the code under test is imported. Code that rewrites pytest's reports, its JUnit file or
-its output cannot also produce these records. Runs on Python 3.6+ and pytest 3.6+, stdlib only.
+its output cannot also produce these records; pytest-xdist is kept to one process. Runs on Python 3.6+ and
+pytest 3.6+, stdlib only.
 This file is copied into the sandbox as `handhold_guard.py`; it imports nothing of handhold.
 """
 
@@ -33,6 +34,15 @@ def _open():
 
 
 _open()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Tests run in this process: pytest-xdist's workers (a package's `addopts = "-n auto"`) would not inherit the
+    key, and no test would be signed. Before xdist's own pytest_configure makes its distributed session; no `-n 0`
+    on the command line, which is a usage error where a package's addopts block xdist."""
+    if getattr(config.option, "dist", "no") != "no" or getattr(config.option, "tx", None):
+        config.option.dist, config.option.tx = "no", []
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -15,6 +15,7 @@ import shlex
 
 from pipeline.records import Task
 from pipeline.verifier.environment import pristine
+from pipeline.verifier.pytest_log import PY_COLORS, SUMMARY_PARSER, neutral_addopts, report_plugins
 from sandbox.base import Sandbox
 from sandbox.worktree import checkout_command
 
@@ -144,7 +145,9 @@ def test_script(task: Task, sandbox: Sandbox, private: str, plugins: list[str], 
     uid, gid, home, name = (sandbox.run_as.split() + ["", "", "", ""])[:4]
     drop = (f"env HOME={shlex.quote(home)} USER={name} LOGNAME={name} setpriv --reuid={uid} --regid={gid} "
             "--init-groups --") if uid else ""
-    addopts = " ".join([*(f"-p {p}" for p in [*plugins, GUARD]), f"--junitxml={report_dir}/junit.xml"])
+    addopts = " ".join([*(f"-p {p}" for p in [*report_plugins(plugins), GUARD]),
+                        *neutral_addopts(summary=task.log_parser == SUMMARY_PARSER),
+                        f"--junitxml={report_dir}/junit.xml"])
     test_patch = (f"{GIT} apply --whitespace=nowarn {private}/test.patch || "
                   "{ echo 'the task test_patch does not apply'; exit 9; }") if task.test_patch else ""
     return f"""cd {shlex.quote(sandbox.workdir)} || exit 1
@@ -157,7 +160,9 @@ idx={private}/index.copy; own=.git/index; [ -d .git ] || own=$({GIT} rev-parse -
   && GIT_INDEX_FILE=$idx {GIT} {TRUST_STAT} add -A . >/dev/null 2>&1
 GIT_INDEX_FILE=$idx {GIT} diff --cached --no-ext-diff --no-textconv {base} > {private}/effective.patch
 unset PYTEST_PLUGINS
-{"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else ""}
+{"export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS=" + shlex.quote(addopts) if pytest_run else
+ 'export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }--color=no"'}
+export {PY_COLORS}
 export HANDHOLD_GUARD_FDS={shlex.quote(GUARD_FDS)} PYTHONPATH={guard_dir(sandbox)}${{PYTHONPATH:+:$PYTHONPATH}}
 : > {private}/guard.log
 {_now_us('start')}
