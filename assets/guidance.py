@@ -6,6 +6,7 @@ from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
 from assets.rollouts import attemptable, quarantine
+from pipeline.agent.server_check import check_server
 from pipeline.cascade import cascade_savings, guided_batch, savings_markdown
 from pipeline.costs import cost_markdown, cost_rows, cost_totals
 from pipeline.families import family_chart, family_markdown, family_rows, head_to_head, head_to_head_markdown
@@ -15,6 +16,7 @@ from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
 from pipeline.rescue import SearchStats, action_plans, failed_groups, make_teacher, recovery, teacher_plans
 from pipeline.store import write_rows
 from pipeline.tasks.flakiness import record_rechecks, rollout_records
+from pipeline.vocab import TEACHER_KINDS
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",
@@ -28,10 +30,15 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
     unguided, held = layout.read_trajectories("unguided", batch), quarantine(settings)
     tasks = attemptable(settings, held)  # a task this batch's own grades quarantined gets no guidance either
     failed = failed_groups([t for t in unguided if t.instance_id in tasks], config.delta)
-    plans = teacher_plans(tasks, failed, make_teacher(config, credentials.key("teacher")), config)
-    if "action" in config.kinds:
-        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved],
-                              make_policy(settings, credentials, batch),
+    teacher = make_teacher(config, credentials.key("teacher"))
+    policy = make_policy(settings, credentials, batch) if "action" in config.kinds else None
+    if failed:  # each server asked once before the first call: one that does not answer stops the step here
+        if set(config.kinds) & set(TEACHER_KINDS):
+            check_server(teacher, "teacher")
+        check_server(policy, "policy")
+    plans = teacher_plans(tasks, failed, teacher, config)
+    if policy is not None:
+        plans += action_plans(tasks, failed, [t for t in unguided if t.resolved], policy,
                               settings.resolved().rollout, config, layout.trajectories("probes", batch), batch,
                               stored=stored_references(layout, failed, batch))
     path = write_rows(layout.guidance(batch), [p.to_row() for p in plans], GUIDANCE_PLAN_SCHEMA)
@@ -60,6 +67,7 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     plans = layout.read_plans(batch)
     tasks = {t.instance_id: t for t in layout.read_tasks()}
     policy = make_policy(settings, credentials, batch)
+    check_server(policy, "policy")  # a server that does not answer stops the step here, before anything is written
     out = layout.trajectories("guided", batch)
     summary, cascade = guided_batch(tasks, plans, policy, config.rollout, config.guidance, out, batch,
                                     progress=context.log.info)

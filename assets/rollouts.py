@@ -9,6 +9,7 @@ import polars as pl
 from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
+from pipeline.agent.server_check import check_server
 from pipeline.invariants import batch_invariants
 from pipeline.records import Task
 from pipeline.rollouts import plan_jobs, run_batch
@@ -75,8 +76,9 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
     """N unguided attempts per task by the batch's policy (its round: pipeline/rounds.py), each graded by the task's
     tests; what it solves of the tasks that needed guidance in an earlier round."""
     config, batch, layout = settings.resolved(), settings.batch_name(context), settings.layout()
-    record, _ = start_round(layout, config.policy, batch, credentials.key("policy"))
     policy = make_policy(settings, credentials, batch)
+    check_server(policy, "policy")  # a server that does not answer stops the step here, before anything is written
+    record, _ = start_round(layout, config.policy, batch, credentials.key("policy"))
     skipped = quarantine(settings)  # as the plan saw it: this batch's own records quarantine from the next one
     revisit = needed_guidance_before(layout, batch, config.guidance.delta) if record.round else set()
     tasks = rollout_tasks(settings, policy.name, batch, revisit)

@@ -27,8 +27,10 @@ from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy, PolicyIdentity
 from pipeline.batch_metrics import BatchSummary, Progress
 from pipeline.guidance.references import quotes_guidance
+from pipeline.infra_streak import InfraStreak
 from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
-from pipeline.sandbox_pool import PoolConfig, SandboxPool
+from pipeline.sandbox_pool import PoolConfig, SandboxPool, batch_order
+from pipeline.setting_ranges import Count, CountOrZero, Fraction, Seconds, Seed
 from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
@@ -47,22 +49,25 @@ NO_GUIDANCE = Guidance()
 class RolloutConfig:
     """How a batch of attempts runs."""
 
-    attempts: int = 4
+    attempts: Count = 4
     """Attempts per task (the group size N)."""
-    seed: int = 0
+    seed: Seed = 0
     """Base seed; attempt i of a group gets seed + i."""
-    workers: int = 2
+    workers: Count = 2
     """Attempts run at once, i.e. the bound on live agent sandboxes."""
-    infra_retries: int = 2
+    infra_retries: CountOrZero = 2
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
-    test_timeout: float = 300.0
+    stop_after_infra_failures: CountOrZero = 8
+    """Stop the batch when this many attempts in a row (as they finish) failed with the same infrastructure fault,
+    keeping what is stored (a rerun resumes) and saying why; 0: never stop."""
+    test_timeout: Seconds = 300.0
     """Seconds the grader's test run may take."""
-    max_infra_error_rate: float = 0.2
+    max_infra_error_rate: Fraction = 0.2
     """The blocking infra_error_rate check fails a batch whose share of attempts lost to infrastructure is above this."""
     zero_suspicious: bool = True
     """A patch the grader flags as suspicious (pytest internals, exit hooks, forged verdicts) gets reward 0;
     its flags are stored on the trajectory either way."""
-    quote_ngram: int = 8
+    quote_ngram: Count = 8
     """A guided response sharing a run of this many words with the guidance is flagged `quotes_guidance`."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Limits and prompt options of each attempt."""
@@ -104,7 +109,8 @@ def plan_jobs(tasks: list[Task], policy: Policy, config: RolloutConfig, batch: s
 
 def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: Path, batch: str,
               progress: Callable[[str], None] = log.info, sandboxes: SandboxFactory = task_sandbox) -> BatchSummary:
-    """Run the jobs not yet stored under `out_dir` (in sandboxes `sandboxes` makes); return the whole batch."""
+    """Run the jobs not yet stored under `out_dir` (in sandboxes `sandboxes` makes); return the whole batch. Raises
+    InfraStreakError, what finished stored, once `stop_after_infra_failures` attempts in a row failed alike."""
     start = time.monotonic()
     reap_orphans(progress)
     out_dir = Path(out_dir)
@@ -114,17 +120,20 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
         stored = _stored(out_dir, progress)
         todo = [j for j in jobs if j.rollout_id not in stored]
         counter = Progress(len(jobs), len(jobs) - len(todo), progress)
+        streak = InfraStreak(config.stop_after_infra_failures)
         with SandboxPool(sandboxes, config.pool) as pool, ThreadPoolExecutor(max(1, config.workers)) as threads:
-            pool.expect([(j.task, config.sandbox) for j in todo for _ in ("agent", "grade")])
+            pool.expect(batch_order([(j.task, config.sandbox) for j in todo], config.workers))
 
             def work(job: Job) -> Trajectory:
                 traj = _store(out_dir, run_job(job, policy, config, batch, pool))
                 counter.done(traj)
                 return traj
 
-            for traj in threads.map(work, todo):
+            for traj in streak.watch(threads, work, todo):
                 stored[traj.rollout_id] = traj
         compact(out_dir)
+        if streak.stopped:
+            raise streak.error(batch, sum(j.rollout_id in stored for j in jobs), len(jobs))
     wanted = [stored[j.rollout_id] for j in jobs]
     return BatchSummary(wanted, len(todo), len(jobs) - len(todo), time.monotonic() - start, pool.stats.as_metadata())
 

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from pipeline.agent.factory import PolicySpec
 from pipeline.agent.identity import weights_revision
-from pipeline.agent.policy import PolicyError
 from pipeline.config_tree import SettingsError, from_mapping
 from pipeline.layout import Layout
 
@@ -198,14 +197,11 @@ def check_served(spec: PolicySpec, record: RoundRecord, api_key: str | None = No
     import openai
 
     from pipeline.agent.openai_policy import NO_KEY
+    from pipeline.agent.server_check import listed_models
 
     key = api_key or os.environ.get(spec.api_key_env or "OPENAI_API_KEY") or NO_KEY
-    client = openai.OpenAI(base_url=spec.base_url or None, api_key=key, max_retries=1, timeout=30)
-    try:
-        listed = sorted(m.id for m in client.models.list())
-    except openai.APIError as exc:
-        raise PolicyError(f"the policy server at {spec.base_url or 'the client default'} did not list its models "
-                          f"(GET /models: {exc}); start it, serving {spec.model} (README, Rounds)") from exc
+    client = openai.OpenAI(base_url=spec.base_url or None, api_key=key)
+    listed = listed_models(client, "policy", spec.model, spec.base_url)  # unanswered: ServerCheckError, not retried
     if spec.model not in listed:
         path = record.trained_by.checkpoint
         raise RoundError(

@@ -10,7 +10,6 @@ import posixpath
 import secrets
 import shlex
 import socket
-import struct
 import time
 
 import docker
@@ -18,10 +17,10 @@ import docker.errors
 
 from sandbox import become_builtin, session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
-from sandbox.exec_stream import run_in_exec
+from sandbox.exec_stream import StdoutFrames, run_in_exec
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
-from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, kill_all_command, run_or_restart,
-                           server_argv)
+from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, restart_kill_command,
+                           run_or_restart, server_argv)
 from sandbox.worktree import (diff_command, head_command, keep_fresh_index_command, keep_index_command,
                               reset_command)
 
@@ -43,11 +42,13 @@ class DockerSandbox:
         self.environment = image
         self.scratch, self.private = SCRATCH, PRIVATE
         self.config = config or SandboxSpec()
+        self._own_client = client is None  # closed with the sandbox: its pooled connections are file descriptors
         self.client = client or docker_client()
         self.container, self.run_as = None, ""
         self._trusted: tuple[str, str | None] | None = None  # (workdir, base) TRUSTED_INDEX was kept for
         self._shell: ShellSession | None = None
         self._sock = None
+        self._gone = ""  # why the container is no longer there to run in ('' while it is)
         try:
             self.container = self._start_container()
             self.user, self.run_as = self._users()
@@ -121,15 +122,13 @@ class DockerSandbox:
 
     # -- shell -----------------------------------------------------------------------
     def _start_shell(self) -> None:
-        marker_session = ShellSession(self._send, self._recv, self._interrupt, cap=self.config.output_cap,
-                                      become=become_builtin.encoded())
         argv = server_argv(STATE_DIR, self.config.output_cap, self.workdir, self.run_as)
         loop_user = "root" if self.run_as else (self.user or "")
         exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
                                               tty=False, user=loop_user)["Id"]
         self._sock = self.client.api.exec_start(exec_id, socket=True)._sock
-        self._frame_left, self._header, self._stream = 0, b"", 1
-        self._shell = marker_session
+        self._shell = ShellSession(self._send, StdoutFrames(self._sock).recv, self._interrupt,
+                                   cap=self.config.output_cap, become=become_builtin.encoded())
 
     def _interrupt(self) -> None:
         """Kill the running command's process group (the shell loop survives)."""
@@ -141,59 +140,58 @@ class DockerSandbox:
         except OSError as exc:
             raise ShellClosed(str(exc)) from exc
 
-    def _recv(self, timeout: float) -> bytes | None:
-        """Next stdout bytes of the multiplexed exec stream; stderr frames are dropped, since
-        the engine does not keep their order relative to stdout."""
-        self._sock.settimeout(timeout)
-        try:
-            while True:
-                while self._frame_left == 0:  # 8-byte frame header: stream, 3 pad, length
-                    more = self._sock.recv(8 - len(self._header))
-                    if not more:
-                        return b""
-                    self._header += more
-                    if len(self._header) == 8:
-                        self._stream, self._frame_left = struct.unpack(">BxxxL", self._header)
-                        self._header = b""
-                chunk = self._sock.recv(min(self._frame_left, 1 << 16))
-                if not chunk:
-                    return b""
-                self._frame_left -= len(chunk)
-                if self._stream == 1:
-                    return chunk
-        except socket.timeout:
-            return None
-
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run in the session; a hung or exited shell is restarted and the result says so."""
+        if self._gone:
+            raise SandboxError(self._gone)
         timeout = self.config.timeout if timeout is None else timeout
         return run_or_restart(self._shell, self._restart_shell, command, timeout, self.short_id)
 
     def _restart_shell(self) -> None:
-        self.container.reload()
-        if self.container.status != "running":
-            raise SandboxError(f"container {self.short_id} is {self.container.status}; the sandbox is gone")
+        self._check_running()
         try:
             self._sock.close()
         except OSError:
             pass
-        # A lost session takes its processes with it; under a fork bomb an exec can fail to fork, so try a few
-        # times. Whatever the sandbox user left running, a fork bomb included, goes at once: its `kill -1`
-        # signals every process of the user in one pass of the kernel, which no fork slips past (a bomb left one
-        # process refills the pids, and the new loop, unable to fork, exits). Then root's leftovers (the old
-        # loop: the pattern is anchored, since this script's own command line holds it too).
-        kill = f"{kill_all_command(STATE_DIR)}; pkill -KILL -f '^bash --noprofile --norc -c .*handhold-shell'; true"
+        kill = restart_kill_command(STATE_DIR)  # what the lost session left (shell.py: why this is enough)
         for attempt in range(10):
             try:
                 if self.run_as:
                     self.container.exec_run(["sh", "-c", "kill -KILL -1"], user=self.run_as.split()[0])
                 self.container.exec_run(["sh", "-c", kill], user="root")
                 self._start_shell()
+                self._shell.run("true", 30)  # the new loop answers
                 return
             except docker.errors.APIError as exc:
+                # A container that stopped answers 409 (or 500 "is not running" to an exec made just before it
+                # stopped), which no retry changes: retrying held a killed sandbox's worker for 27 s.
+                if exc.status_code == 409 or "is not running" in str(exc):
+                    self._check_running(f" ({exc.explanation or exc})", settle=2.0)
                 log.warning("sandbox %s: restart failed (%s), retrying", self.short_id, exc)
-                time.sleep(0.5 * (attempt + 1))
+            except (ShellClosed, OSError) as exc:
+                # A container being stopped may still take an exec, whose stream then ends at once: the engine
+                # records the stop a moment after the session's stream ended (seconds, on a loaded machine).
+                self._check_running(" (a new shell exited at once)", settle=2.0)
+                log.warning("sandbox %s: the restarted shell did not answer (%s), retrying", self.short_id, exc)
+            time.sleep(0.5 * (attempt + 1))
         raise SandboxError(f"sandbox {self.short_id}: the shell cannot be restarted")
+
+    def _check_running(self, why: str = "", settle: float = 0.0) -> None:
+        """Raise SandboxError, and fail every later command at once, unless the engine says the container runs;
+        `settle`: seconds to wait for the engine to record a stop it has not yet (it lags the exec streams)."""
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                self.container.reload()
+                status = self.container.status
+            except docker.errors.NotFound:
+                status = "removed"
+            if status != "running":
+                self._gone = f"container {self.short_id} is {status}{why}; the sandbox is gone"
+                raise SandboxError(self._gone)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def run_privileged(self, command: str, timeout: float, stdin: bytes = b"") -> CommandResult:
         """Run `command` as root apart from the session's state, `stdin` on its standard input; stdout and
@@ -291,6 +289,8 @@ class DockerSandbox:
             except docker.errors.APIError as exc:
                 log.warning("could not remove container %s: %s", self.short_id, exc)
             self.container = None
+        if self._own_client:  # else a closed sandbox's ~8 descriptors stayed open until garbage collection
+            self.client.close()
 
     def __enter__(self) -> "DockerSandbox":
         return self

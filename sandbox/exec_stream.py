@@ -93,3 +93,33 @@ class _Frames:
             (self.out if kind == 1 else self.err).extend(self._buf[8:8 + size])
             self._buf = self._buf[8 + size:]
         return True
+
+
+class StdoutFrames:
+    """The stdout bytes of a multiplexed exec stream as they come (a shell session's); stderr frames are dropped,
+    since the engine does not keep their order relative to stdout."""
+
+    def __init__(self, sock):
+        self.sock, self._left, self._header, self._stream = sock, 0, b"", 1
+
+    def recv(self, timeout: float) -> bytes | None:
+        """The next stdout bytes, b"" once the stream ended, None when nothing came within `timeout` seconds."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                while self._left == 0:  # 8-byte frame header: stream, 3 pad, length
+                    more = self.sock.recv(8 - len(self._header))
+                    if not more:
+                        return b""
+                    self._header += more
+                    if len(self._header) == 8:
+                        self._stream, self._left = struct.unpack(">BxxxL", self._header)
+                        self._header = b""
+                chunk = self.sock.recv(min(self._left, 1 << 16))
+                if not chunk:
+                    return b""
+                self._left -= len(chunk)
+                if self._stream == 1:
+                    return chunk
+        except socket.timeout:
+            return None

@@ -208,6 +208,16 @@ def kill_all_command(state_dir: str) -> str:
             f"rm -f {state_dir}/pgids; true")
 
 
+def restart_kill_command(state_dir: str) -> str:
+    """Shell (run as root, after the user's `kill -KILL -1` where commands drop to a user) that ends what a lost
+    session left, so a new loop can start: a lost session takes its processes with it; under a fork bomb an exec
+    can fail to fork, so the caller tries a few times. The user's `kill -1` signals every process of the user in
+    one pass of the kernel, which no fork slips past (a bomb left one process refills the pids, and the new loop,
+    unable to fork, exits). Then root's leftovers (the old loop: the pattern is anchored, since this script's own
+    command line holds it too)."""
+    return f"{kill_all_command(state_dir)}; pkill -KILL -f '^bash --noprofile --norc -c .*handhold-shell'; true"
+
+
 def server_argv(state_dir: str, cap: int, workdir: str, run_as: str = "") -> list[str]:
     """The command line that starts the session's server loop (`run_as`: "uid gid home name" or "")."""
     return ["bash", "--noprofile", "--norc", "-c", SERVER_SCRIPT, "handhold-shell", state_dir, str(cap), workdir,

@@ -18,6 +18,7 @@ from pipeline.agent.policy import (
     header_seconds,
     is_retryable_status,
 )
+from pipeline.agent.server_check import CHECK_TIMEOUT, ServerCheckError, not_served, unanswered
 
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 EMPTY_TEXT = "(empty)"  # the API rejects empty text blocks and messages
@@ -68,6 +69,39 @@ class AnthropicPolicy:
         values = dataclasses.asdict(self.config)
         values.pop("api_key_env")
         return values
+
+    def check_server(self, role: str = "policy") -> None:
+        """Raise ServerCheckError unless the server knows this model: GET /v1/models/{model} (the API resolves
+        aliases), else its list (a compatible server, e.g. vLLM, may have no route per model), else (neither route)
+        a reply of one token. Asked once before a step's first attempt (pipeline/agent/server_check.py)."""
+        url, model = self.config.base_url or "", self.config.model
+        client = self._client.with_options(timeout=CHECK_TIMEOUT, max_retries=0)
+        try:
+            client.models.retrieve(model)
+            return
+        except anthropic.NotFoundError:
+            pass
+        except anthropic.APIError as exc:
+            raise ServerCheckError(unanswered(role, model, url, exc, openai_compatible=False)) from None
+        try:
+            listed = sorted(m.id for m in client.models.list().data)
+        except anthropic.NotFoundError:  # no model list either
+            listed = [model] if self._one_token(client, role) else []
+        except anthropic.APIError as exc:
+            raise ServerCheckError(unanswered(role, model, url, exc, openai_compatible=False)) from None
+        if model not in listed:
+            raise ServerCheckError(not_served(role, model, url, listed, openai_compatible=False))
+
+    def _one_token(self, client, role: str) -> bool:
+        """Whether a one-token reply of this model comes back (False: the server does not know the model)."""
+        try:
+            client.messages.create(model=self.config.model, max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+            return True
+        except anthropic.NotFoundError:
+            return False
+        except anthropic.APIError as exc:
+            raise ServerCheckError(unanswered(role, self.config.model, self.config.base_url or "", exc,
+                                              openai_compatible=False)) from None
 
     def act(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> AssistantTurn:
         """One Messages call; tool_use blocks come back as OpenAI tool_calls."""

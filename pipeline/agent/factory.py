@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.agent.policy import Policy
+from pipeline.setting_ranges import Count, NonNegative
 
 PolicyKind = Literal["heuristic", "openai", "anthropic", "hf"]
 Stage = Literal["", "sft", "dpo", "actguide"]
@@ -21,9 +22,9 @@ class PolicySpec:
     """Model name on the server, or the model directory for 'hf'."""
     base_url: str = ""
     """Server URL ('openai': e.g. http://127.0.0.1:8000/v1 for vLLM); empty: the client's default."""
-    temperature: float = 1.0
+    temperature: NonNegative = 1.0
     """Sampling temperature (N attempts per task need diversity)."""
-    max_tokens: int = 4096
+    max_tokens: Count = 4096
     """Most tokens per model turn."""
     api_key_env: str = ""
     """Environment variable holding the API key; empty: the client's usual one."""

@@ -19,6 +19,7 @@ from pipeline.agent.policy import (
     header_seconds,
     is_retryable_status,
 )
+from pipeline.agent.server_check import ServerCheckError, listed_models, not_served
 
 NO_KEY = "EMPTY"  # what vLLM and SGLang expect when they run without --api-key
 # vLLM (>= 0.10.2) extensions: the response's `prompt_token_ids` and each choice's `token_ids`; and, with
@@ -87,6 +88,13 @@ class OpenAIPolicy:
         values["logprobs_requested"] = self._logprobs
         values["token_ids_missing"] = self.token_ids_missing if self._logprobs else "log-probs not requested"
         return values
+
+    def check_server(self, role: str = "policy") -> None:
+        """Raise ServerCheckError unless the server answers GET /models listing this model: asked once before a
+        step's first attempt, so a server that is down stops the step in seconds (pipeline/agent/server_check.py)."""
+        listed = listed_models(self._client, role, self.config.model, self.config.base_url)
+        if self.config.model not in listed:
+            raise ServerCheckError(not_served(role, self.config.model, self.config.base_url, listed))
 
     def act(self, messages: list[dict], tools: list[dict], *, seed: int | None = None) -> AssistantTurn:
         """One chat completion; tool-call arguments come back as JSON strings."""

@@ -16,6 +16,7 @@ from string import Template
 from typing import Protocol
 
 from pipeline.agent.policy import Policy
+from pipeline.agent.server_check import check_server
 from pipeline.guidance.expert import patch_edits
 from pipeline.guidance.hindsight import hindsight_prompt, parse_hindsight_answer, rule_hindsight
 from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, combined_guidance,
@@ -120,6 +121,10 @@ class LLMTeacher:
     def __init__(self, client: Policy, show_gold: bool = True):
         self.client, self.show_gold = client, show_gold
         self.name = f"llm:{client.name}"
+
+    def check_server(self, role: str = "teacher") -> None:
+        """Ask the client's server once before a step relies on it (pipeline/agent/server_check.py)."""
+        check_server(self.client, role)
 
     def teach(self, task: Task, failed: Trajectory) -> list[TeacherGuidance]:
         return self._ask(teacher_prompt(task, failed, self.show_gold),
