@@ -23,6 +23,7 @@ from pipeline.datasets.splits import split_groups
 from pipeline.datasets.publish import publish_dataset
 from pipeline.datasets.release import Provenance, code_version, cut_release, evaluation_numbers, settings_sha256
 from pipeline.datasets.secrets import scan_tables
+from pipeline.tasks.certificate import uncertified, with_certified
 from pipeline.tasks.flakiness import left_out, quarantined, read_rechecks, task_table
 from pipeline.pictures import bar_chart_png, markdown_image
 from pipeline.round_report import lineage, lineage_rows
@@ -40,10 +41,12 @@ def _trajectories(settings: HandholdSettings) -> pl.DataFrame:
 
 
 def _left_out(settings: HandholdSettings) -> dict[str, str]:
-    """The tasks no dataset row comes from, with why (quarantined, or flakier than the datasets allow)."""
+    """The tasks no dataset row comes from, with why (quarantined, flakier than the datasets allow, or without a
+    certificate: a release takes only certified tasks, pipeline/tasks/certificate.py)."""
     config = settings.resolved()
-    return left_out(read_rechecks(settings.layout().rechecks()), config.quarantine.readmit,
-                    config.datasets.max_disagreement_rate)
+    return {**uncertified(settings.layout().read_tasks(), config.synth.certify_runs),
+            **left_out(read_rechecks(settings.layout().rechecks()), config.quarantine.readmit,
+                       config.datasets.max_disagreement_rate)}
 
 
 def _preview(frame: pl.DataFrame) -> dg.MetadataValue:
@@ -154,8 +157,9 @@ def _export_tables(settings: HandholdSettings) -> dict[str, pl.DataFrame]:
     trajectories = _trajectories(settings)
     tables["trajectories"] = trajectories.filter(~pl.col("instance_id").is_in(gone)) if trajectories.height \
         else trajectories
-    tables["tasks"] = task_table(pl.from_arrow(layout.tasks_table()), read_rechecks(layout.rechecks()),
-                                 settings.resolved().quarantine.readmit)
+    tables["tasks"] = with_certified(task_table(pl.from_arrow(layout.tasks_table()), read_rechecks(layout.rechecks()),
+                                                settings.resolved().quarantine.readmit),
+                                     settings.resolved().synth.certify_runs)
     return tables
 
 
@@ -179,7 +183,8 @@ def dataset_export(context: dg.AssetExecutionContext, settings: HandholdSettings
     report = export_dataset(folder, tables,
                             CardInfo("handhold SWE-agent training data", run_id=batch, repo_id=config.publish.repo_id,
                                      checks=manifest_checks(read_manifest(settings.layout().dataset_rows())),
-                                     costs=tuple(costs), quarantine=tuple(held.values())),
+                                     costs=tuple(costs), quarantine=tuple(held.values()),
+                                     certify_runs=config.synth.certify_runs),
                             plans=pl.concat(plans, how="diagonal_relaxed") if plans else None)
     release = cut_release(folder, settings.layout().releases(), Provenance(
         batch, quarantined=tuple(held), evaluation=evaluation_numbers(settings.layout().latest_pass_at_1()),

@@ -10,13 +10,14 @@ import dagster as dg
 
 from assets.checks import ANSWER_CHECK, TASK_CHECK, answer_check, task_check
 from assets.resources import Credentials, HandholdSettings
-from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, Task
+from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, TASK_SCHEMA_VERSION, Task
 from pipeline.rescue import teacher_client
 from pipeline.sources.swebench_rows import load_tasks
-from pipeline.store import read_records, write_rows
+from pipeline.store import write_rows
 from pipeline.synthesis.env_image import build_environment_image
 from pipeline.synthesis.packages import PackageError, fetch_source, package_lock, package_specs
 from pipeline.synthesis.synth import synthesize
+from pipeline.tasks.certificate import task_rows, uncertified
 from pipeline.tasks.decontam import decontaminate
 from pipeline.tasks.flakiness import quarantine_markdown, quarantined, read_rechecks
 from pipeline.tasks.validate import check_tasks
@@ -82,22 +83,26 @@ def environment_images(context: dg.AssetExecutionContext, settings: HandholdSett
     return dg.MaterializeResult(metadata={"images": tags, "count": len(tags), "packages_failed": failed})
 
 
-def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int) -> tuple[list[Task], list, int]:
+def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int, certify_runs: int = 1
+                  ) -> tuple[list[Task], list, int]:
     """The validated tasks of every dataset source added so far, the rows this run set aside, and how many
-    rows it validated. A source's rows are validated once (keyed by their content) and kept under
-    data/tasks/sources/, so a new source adds its tasks without re-validating or dropping the others."""
+    rows it validated. A source's rows are validated once (keyed by their content, the task schema and
+    `certify_runs`) as synthesized tasks are, their certificate included (pipeline/tasks/certificate.py), and
+    kept under data/tasks/sources/, so a new source adds its tasks without re-validating or dropping the others;
+    a source kept before certificates still loads, its tasks uncertified, until validated again."""
     store = settings.layout().source_store()
     store.mkdir(exist_ok=True)
     rejects, validated = [], 0
     if rows:
-        digest = hashlib.sha256(json.dumps([t.to_row() for t in rows], sort_keys=True).encode()).hexdigest()[:16]
+        key = [TASK_SCHEMA_VERSION, certify_runs, *(t.to_row() for t in rows)]
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         if not (store / f"{digest}.parquet").exists():
-            checked, rejects = check_tasks(rows, workers=workers)
+            checked, rejects = check_tasks(rows, workers=workers, certify_runs=certify_runs)
             validated = len(rows)
             write_rows(store / f"{digest}.parquet", [t.to_row() for t in checked], TASK_SCHEMA)
     by_id = {}
     for path in sorted(store.glob("*.parquet"), key=lambda f: f.stat().st_mtime_ns):  # a later source wins
-        by_id.update({r["instance_id"]: Task.from_row(r) for r in read_records(path, TASK_SCHEMA, produced_by="tasks")})
+        by_id.update({r["instance_id"]: Task.from_row(r) for r in task_rows(path, produced_by="tasks")})
     return list(by_id.values()), rejects, validated
 
 
@@ -112,7 +117,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     synthesized, report = synthesize(config.synth, config.base_image.tag, layout.cache(), docker_client(),
                                      statement_writer=writer)
     synthesized, overlapping = decontaminate(synthesized, config.sources.decontaminate, config.sources.eval_benchmarks)
-    checked, dataset_rejects, validated = dataset_tasks(settings, rows, config.synth.workers)
+    checked, dataset_rejects, validated = dataset_tasks(settings, rows, config.synth.workers, config.synth.certify_runs)
     all_tasks, rejects = synthesized + checked, report.rejects + overlapping + dataset_rejects
     path = write_rows(layout.tasks(), [t.to_row() for t in all_tasks], TASK_SCHEMA)
     write_rows(layout.task_rejects(), [dataclasses.asdict(r) for r in rejects], REJECT_SCHEMA)
@@ -122,7 +127,10 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     layout.synth_report().write_text(json.dumps(stats, indent=1))
     validation = task_check(all_tasks, config.recheck_tasks, layout.rechecks(), context.run_id, config.quarantine)
     held = quarantined(read_rechecks(layout.rechecks()), config.quarantine.readmit)
+    unsure = uncertified(all_tasks, config.synth.certify_runs)  # a release leaves these out
     return dg.MaterializeResult(metadata={
+        "tasks_certified": len(all_tasks) - len(unsure), "uncertified": dg.MetadataValue.md(
+            "\n".join(f"- {task}: {why}" for task, why in sorted(unsure.items())) or "(none)"),
         "quarantined": len(held), "quarantine": dg.MetadataValue.md(quarantine_markdown(held.values())),
         "path": str(path), "tasks": len(all_tasks), "dataset_tasks": len(checked), "dataset_rows_validated": validated,
         "rejected": len(rejects), "synth_seconds": stats["seconds"],

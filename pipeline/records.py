@@ -20,7 +20,7 @@ from pipeline.record_parts import MESSAGE_TYPE, Action, Message, Step, actions_t
 from pipeline.schema import TURN_IDS, fields_of, flat, record_schema
 from pipeline.vocab import NO_GUIDANCE_KIND
 
-TASK_SCHEMA_VERSION = "1"
+TASK_SCHEMA_VERSION = "2"  # 2: the certificate columns (pipeline/tasks/certificate.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,19 @@ class Task:
     """Files the verifier restores to pristine before running the tests (conftest.py included)."""
     provenance: str = "{}"
     """JSON: dataset name and split, or package, version and mutation for synthesized tasks."""
+    certificate_containers: int = 0
+    """Fresh containers its gold and empty patches were each graded in at validation (pipeline/tasks/certificate.py);
+    0: none recorded (a dataset row before validation, or a row of task schema 1)."""
+    certificate_gold_resolved: int = 0
+    """Of those containers, the ones whose gold grade resolved it."""
+    certificate_empty_failed: int = 0
+    """Of those containers, the ones whose empty-patch grade did not resolve it."""
+    certificate_orders: tuple[str, ...] = ()
+    """Each container's test order ('file', 'shuffled-<seed>') and scope ('/suite', '/files': its bug's test files)."""
+    certificate_gold_seconds: float = 0.0
+    """Wall seconds of the certificate's gold grades, summed."""
+    certificate_empty_seconds: float = 0.0
+    """Wall seconds of the certificate's empty-patch grades, summed."""
 
     def to_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,7 +78,7 @@ class Task:
         """A task from a stored row or a dataset row (absent optional columns take their defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in row.items() if k in names}
-        for name in ("FAIL_TO_PASS", "PASS_TO_PASS", "test_files"):
+        for name in ("FAIL_TO_PASS", "PASS_TO_PASS", "test_files", "certificate_orders"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 

@@ -26,7 +26,10 @@ ACTIONS = (Action("bash", '{"command": "ls"}'), Action("submit", "{}"))
 TASK = Task(instance_id="pkg__1", repo="pkg", base_commit="abc", patch="--- a\n+++ b\n", test_patch="",
             problem_statement="add is wrong", FAIL_TO_PASS=("tests/test_a.py::test_add",),
             PASS_TO_PASS=("tests/test_a.py::test_sub", "tests/test_a.py::test_mul"), image="img", workdir="/testbed",
-            test_cmd="pytest", log_parser="parse_log_pytest", source="synth", test_files=("tests/test_a.py",))
+            test_cmd="pytest", log_parser="parse_log_pytest", source="synth", test_files=("tests/test_a.py",),
+            certificate_containers=3, certificate_gold_resolved=3, certificate_empty_failed=3,
+            certificate_orders=("file/suite", "shuffled-7/suite", "file/suite"), certificate_gold_seconds=1.5,
+            certificate_empty_seconds=1.75)
 TRAJECTORY = Trajectory(
     rollout_id="r1", group_id="g1", batch="b", instance_id="pkg__1", sample_index=1, seed=7, policy="heuristic",
     policy_settings='{"kind": "heuristic"}', guidance_kind="action", guidance_text="hint", guidance_actions=ACTIONS,
@@ -108,14 +111,14 @@ def test_other_columns_under_the_same_version_and_foreign_files_are_refused(tmp_
                       older(REJECT_SCHEMA, TASK_SCHEMA.metadata[b"schema_version"].decode(), "Task"))
     with pytest.raises(RecordContractError) as info:
         read_records(path, TASK_SCHEMA, produced_by="tasks")
-    assert str(info.value).startswith(f"{path} holds Task schema 1 with other columns than this version's (missing "
+    assert str(info.value).startswith(f"{path} holds Task schema 2 with other columns than this version's (missing "
                                       "['FAIL_TO_PASS', ")
     assert str(info.value).endswith("unexpected ['item', 'reason', 'stage']): the schema changed without a version "
                                     "bump: rematerialize tasks")
     foreign = tmp_path / "foreign.parquet"
     pl.DataFrame({"instance_id": ["x"]}).write_parquet(foreign)
     with pytest.raises(RecordContractError, match="holds unnamed records schema \\(unversioned\\), this version reads "
-                                                  "Task schema 1 there: rewrite it with this version$"):
+                                                  "Task schema 2 there: rewrite it with this version$"):
         read_records(foreign, TASK_SCHEMA)
 
 

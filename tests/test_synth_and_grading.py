@@ -54,7 +54,9 @@ def test_the_time_breakdown_sums_to_the_total_and_counts_every_run(synth_run):
     assert stats["tasks_kept"] == len(tasks) and stats["seconds_per_task"] == round(report.seconds / len(tasks), 2)
     assert stats["tasks_per_hour"] == round(3600 * len(tasks) / report.seconds, 1)
     verified = len(tasks) + sum(r.stage == "validate" for r in report.rejects)
-    assert runs["gold_grades"] == config.validation_runs * verified and runs["empty_grade"] == verified
+    assert runs["gold_grades"] == max(config.validation_runs, config.certify_runs) * verified
+    assert runs["empty_grade"] == config.certify_runs * verified  # one per fresh container (its certificate)
+    assert runs["certify_setup"] == (config.certify_runs - 1) * verified
     assert runs["baseline"] == config.baseline_runs and runs["bug_runs"] >= report.per_package[TOOLZ.key]["tested"]
     assert runs["callmap"] == 1 and report.per_package[TOOLZ.key]["call_map_functions"] > 100  # one traced run
 

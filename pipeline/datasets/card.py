@@ -18,6 +18,7 @@ from pipeline.datasets.guided import GROUPS_LOST
 from pipeline.datasets.provenance import SourcePackage, resolve_sources
 from pipeline.guidance.reference_sources import CHOSEN_COLUMNS, reference_sources_section
 from pipeline.pictures import draw_text, png
+from pipeline.tasks.certificate import CERTIFICATE_COLUMNS, certificate_summary
 from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
 from pipeline.vocab import NO_GUIDANCE_KIND
 
@@ -46,6 +47,9 @@ class CardInfo:
     """What the rows cost, per origin (pipeline/costs.py cost_rows, DPO pairs counted); empty: no section."""
     quarantine: tuple[QuarantinedTask, ...] = ()
     """The tasks set aside for unsound behaviour over time (pipeline/tasks/flakiness.py): no row comes from them."""
+    certify_runs: int = 0
+    """synth.certify_runs: the containers a certified task was graded in (pipeline/tasks/certificate.py); 0: the
+    card has no certificate section."""
 
 
 def shard_path(config: str, split: str) -> str:
@@ -78,6 +82,7 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
     plans, with a `batch` column to join DPO rows to their plan exactly), sources, loading."""
     trajectories = _concat(splits.get("trajectories", {}), RATE_COLUMNS)
     tasks = _concat(splits.get("tasks", {}), ("provenance",))
+    certified = _concat(splits.get("tasks", {}), CERTIFICATE_COLUMNS)
     sections = [
         f"---\n{card_header(card, rows, sizes).to_yaml()}\n---\n",
         f"# {card.pretty_name}\n\n{card.description or 'Training data for software-engineering agents.'}\n\n"
@@ -91,6 +96,7 @@ def render_card(card: CardInfo, splits: dict[str, dict[str, pa.Table]], rows: di
         _histogram_section(histogram),
         reference_sources_section(plans, _concat(splits.get("dpo", {}), CHOSEN_COLUMNS)),
         _quarantine_section(card.quarantine),
+        certificate_section(certificate_summary(certified), card.certify_runs) if card.certify_runs else "",
         "## Sources\n\n" + markdown_table(["source", "version", "licence", "url"], [
             [s.name, s.version, s.licence, s.url] for s in resolve_sources(card.sources, tasks)]),
         _loading_section(card.repo_id, list(rows)),
@@ -176,6 +182,23 @@ def _quarantine_section(entries: tuple[QuarantinedTask, ...]) -> str:
     return ("## Quarantined tasks\n\nTasks whose gold patch stopped resolving, whose empty patch started passing, or "
             "whose grades disagreed across runs when re-validated; no row comes from them (the `tasks` table keeps "
             "each task's `recheck_runs` and `recheck_disagreements`).\n\n" + quarantine_markdown(entries))
+
+
+def certificate_section(summary: Mapping, certify_runs: int) -> str:
+    """The share of tasks certified and why the others were left out (`certificate_summary`)."""
+    head = (f"## Certified tasks\n\nA task is certified when its gold patch resolved it in each of {certify_runs} "
+            "fresh containers and the empty patch in none, one of them running the tests in a shuffled order "
+            f"(synth.certify_runs: {certify_runs}); rows come only from certified tasks, and the `tasks` table keeps "
+            "each task's certificate (`certificate_*` columns).")
+    if not summary:
+        return head + "\n\nNo tasks table in this export."
+    n, ok = summary["tasks"], summary["certified"]
+    lines = [head, f"Certified: {ok} of {n} tasks ({ok / n:.1%})."]
+    if summary["left_out"]:
+        lines.append("Left out, by why:\n\n" + markdown_table(["why (N: a number)", "tasks"],
+                                                             [[w, k] for w, k in summary["left_out"].items()]))
+        lines.append(markdown_table(["task", "why"], [list(row) for row in summary["examples"]]))
+    return "\n\n".join(lines)
 
 
 def _histogram_section(histogram: pl.DataFrame | None) -> str:

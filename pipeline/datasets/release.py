@@ -4,7 +4,8 @@ and published under a Hub tag of the same name, so any release still loads as it
 
 A release's `release.json` names it, the release before it, a digest of its rows, and what made it (code
 version, settings digest); its card says what changed since the previous release: rows added and removed
-per config and split, tasks added or quarantined, guidance families, the evaluation's numbers where known.
+per config and split, tasks added or quarantined, guidance families, the evaluation's numbers where known,
+and the share of its tasks certified (pipeline/tasks/certificate.py): a release takes rows of certified tasks only.
 
 Rows are compared by content: each row's digest is the SHA-256 of its JSON, so a row rewritten identically
 is the same row, and an export whose rows all equal the last release's is no new release.
@@ -25,10 +26,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.datasets.card import contributions
 from pipeline.datasets.release_notes import RELEASE_FILE, Release, RowChange, add_release_section
+from pipeline.tasks.certificate import CERTIFICATE_COLUMNS, certificate_summary
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +135,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         raise ValueError(f"batch {provenance.batch!r} cannot name a release (a folder and a Hub tag): use letters, "
                          "digits, '.', '-' and '_'")
     digests = row_digests(export)
+    certificates = _certified_rows_only(export, digests)
     content, known = content_sha256(digests), releases(root)
     last = known[-1] if known else None
     if last is not None and last.content_sha256 == content:
@@ -147,7 +152,7 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
         tasks_added=tuple(sorted(_tasks(digests, export) - tasks_before)),
         quarantined=tuple(sorted(provenance.quarantined)),
         newly_quarantined=tuple(sorted(set(provenance.quarantined) - set(last.quarantined if last else ()))),
-        families=_families(export, digests), evaluation=dict(provenance.evaluation),
+        families=_families(export, digests), evaluation=dict(provenance.evaluation), certificates=certificates,
         lineage=tuple(dict(row) for row in provenance.lineage), rounds_window=provenance.rounds_window,
         code_version=provenance.code_version, settings_sha256=provenance.settings_sha256,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -161,6 +166,29 @@ def cut_release(export: Path, root: Path, provenance: Provenance) -> ReleaseResu
     log.info("release %s: %s", release.name, ", ".join(f"{c.config}/{c.split} +{c.added} -{c.removed}"
                                                        for c in release.changes))
     return ReleaseResult(release, root / release.name, new=True)
+
+
+def _certified_rows_only(folder: Path, digests: Mapping[str, Mapping[str, list[str]]]) -> dict:
+    """The certificates of the export's tasks (`certificate_summary`, without examples: {} when its tasks table has
+    no `certified` column); refused, naming them, when a row comes from an uncertified task."""
+    tables = [pq.read_table(folder / f"data/tasks/{split}-00000-of-00001.parquet")
+              for split in digests.get("tasks", {})]
+    tables = [t.select(list(CERTIFICATE_COLUMNS)) for t in tables if "certified" in t.column_names]
+    if not tables:
+        return {}
+    frame = pl.from_arrow(pa.concat_tables(tables))
+    summary = certificate_summary(frame)
+    unsure = set(frame.filter(~pl.col("certified"))["instance_id"].to_list())
+    for config in ROW_CONFIGS:
+        for split in digests.get(config, {}):
+            table = pq.read_table(folder / f"data/{config}/{split}-00000-of-00001.parquet")
+            found = sorted(unsure & set(table.column("instance_id").to_pylist())) if "instance_id" in \
+                table.column_names else []
+            if found:
+                raise ValueError(f"{config}/{split} holds rows of tasks without a certificate ({', '.join(found[:10])}"
+                                 f"): a release takes only certified tasks; rebuild the datasets (they leave such "
+                                 "tasks out) or validate those tasks again (rematerialize tasks)")
+    return {k: v for k, v in summary.items() if k != "examples"}
 
 
 def _tasks(digests: Mapping[str, Mapping[str, list[str]]], folder: Path) -> set[str]:

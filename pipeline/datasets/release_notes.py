@@ -49,6 +49,9 @@ class Release:
     """Chosen attempt's origin ('unguided', 'guided:<kind>') -> config (dpo, sft) -> rows."""
     evaluation: dict[str, object] = field(default_factory=dict)
     """The latest evaluation's numbers ('batch', 'pass@1/<model>'); empty when none had run."""
+    certificates: dict[str, object] = field(default_factory=dict)
+    """Of the tasks table: 'tasks', 'certified' and 'left_out' (why -> tasks; pipeline/tasks/certificate.py);
+    empty when its tasks carried no certificate column (a release before certificates)."""
     lineage: tuple[dict[str, str], ...] = ()
     """Each batch's round: which policy rolled it out, the training run and dataset that made it, what it solved
     without guidance (column -> text, pipeline.round_report.lineage_rows); empty before rounds were recorded."""
@@ -80,7 +83,8 @@ def release_section(release: Release, repo_id: str = "") -> str:
                             [[c.config, c.split, c.rows, c.added, c.removed] for c in release.changes]),
              f"Tasks added: {_names(release.tasks_added)}.",
              f"Tasks quarantined {'since the previous release' if release.previous else 'now'}: "
-             f"{_names(release.newly_quarantined)}; quarantined in all: {len(release.quarantined)}."]
+             f"{_names(release.newly_quarantined)}; quarantined in all: {len(release.quarantined)}.",
+             certified_line(release.certificates)]
     if release.families:
         lines.append(markdown_table(["chosen from (guidance family)", "dpo pairs", "sft rows"],
                                     [[k, v.get("dpo", 0), v.get("sft", 0)]
@@ -97,6 +101,16 @@ def release_section(release: Release, repo_id: str = "") -> str:
     lines.append(f'Load this release unchanged by later ones: `load_dataset("{repo_id or "<owner>/<name>"}", "dpo", '
                  f'revision="{release.name}")`.')
     return "\n\n".join(lines)
+
+
+def certified_line(certificates: dict) -> str:
+    """The release's share of certified tasks and why the others were left out, in a sentence."""
+    if not certificates:
+        return "Certificates: its tasks table carries none."
+    n, ok = certificates["tasks"], certificates["certified"]
+    why = "; ".join(f"{k} tasks: {w}" for w, k in certificates.get("left_out", {}).items())
+    return (f"Tasks certified (gold patch resolved in every fresh container, empty patch in none): {ok} of {n} "
+            f"({ok / n:.1%}); rows come only from these" + (f". Left out: {why}." if why else "."))
 
 
 def training_rows(window: int) -> str:

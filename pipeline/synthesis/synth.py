@@ -4,8 +4,11 @@ Per package version: one environment image; its pristine suite run `baseline_run
 test that does not pass every time is never PASS_TO_PASS); AST bug candidates validated in
 sandboxes (tests that passed before and fail now are FAIL_TO_PASS, those still passing
 PASS_TO_PASS; the same failures on every one of `validation_runs` runs, the last of them the
-verifier's grade of the empty patch, and the gold patch resolving on every run); every stage counted
-and timed (pipeline/tasks/stage_clock.py), every package that yields nothing says why. Sandboxes run
+verifier's grade of the empty patch, and the gold patch resolving on every run); each kept task's gold and empty
+patches graded in `certify_runs` fresh containers, one in a shuffled test order (its certificate,
+pipeline/tasks/certificate.py); candidates tried for at most `package_budget` seconds a package
+(pipeline/synthesis/budget.py); every stage counted and timed (pipeline/tasks/stage_clock.py), every package
+that yields nothing says why. Sandboxes run
 the suite from the bytecode the environment image holds (env_image.compile_tree); one traced run of the
 pristine suite maps each function to the tests that run it (callmap.py), so a bug runs only the test files
 that can see it, and one that no test runs costs no run; the weak-test probe runs the files of the
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 import zlib
@@ -33,6 +37,7 @@ from pipeline.agent.policy import Policy
 from pipeline.records import TASK_SCHEMA, RejectedTask, Task
 from pipeline.store import write_rows
 from pipeline.synthesis import combine as combined
+from pipeline.synthesis.budget import budget_note, over_budget
 from pipeline.synthesis.bug_runs import try_candidate
 from pipeline.synthesis.callmap import traced_run
 from pipeline.synthesis.difficulty import difficulty, task_difficulty
@@ -111,11 +116,12 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
         if not candidates:
             raise PackageError(f"{spec.key}: no bug candidates in {list(spec.source_globs or ())}; set "
                                "source_globs=<globs> in the package entry", "candidates")
+        deadline = time.monotonic() + (config.package_budget or math.inf)  # the budget counts from here
         kept = _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer,
-                                    want=config.tasks_per_package)
+                                    want=config.tasks_per_package, deadline=deadline)
         if config.combine:
             begun = time.monotonic()
-            kept += _combined(spec, image, kept, base, sandboxes, config, report, writer)
+            kept += _combined(spec, image, kept, base, sandboxes, config, report, writer, deadline)
             report.note(spec.key, "combine_seconds", round(time.monotonic() - begun, 1))  # verifier not included
     finally:
         with report.clock.stage("sandbox_close", len(sandboxes)):
@@ -142,7 +148,7 @@ def _rewrites(spec, root, config, report, rewriter) -> list[BugCandidate]:
     return made
 
 
-def _combined(spec, image, kept, base, sandboxes, config, report, writer
+def _combined(spec, image, kept, base, sandboxes, config, report, writer, deadline: float
               ) -> list[tuple[Task, BugCandidate, Task | None]]:
     """Up to `combine` tasks each merging 2-3 kept bugs of one module, validated as a whole."""
     f2p = {cand.candidate_id: task.FAIL_TO_PASS for task, cand, _ in kept}
@@ -152,22 +158,23 @@ def _combined(spec, image, kept, base, sandboxes, config, report, writer
     parts = {cand.candidate_id: group for cand, group in groups}
     expect = {cand.candidate_id: sorted({t for p in group for t in f2p[p.candidate_id]}) for cand, group in groups}
     return _validate_candidates(spec, image, [cand for cand, _ in groups], base, sandboxes, config, report, writer,
-                                want=config.combine, parts=parts, expect=expect)
+                                want=config.combine, parts=parts, expect=expect, deadline=deadline)
 
 
 def _validate_candidates(spec, image, candidates, base, sandboxes, config, report, writer, want: int,
-                         parts: dict | None = None, expect: dict | None = None
+                         parts: dict | None = None, expect: dict | None = None, deadline: float = math.inf
                          ) -> list[tuple[Task, BugCandidate, Task | None]]:
     """The first `want` candidates in candidate order that make a task, each with its `narrowed_task`: tried on
-    the sandboxes in parallel, none handed out once `want` are found. Every candidate before the last one handed
-    out has been tried, so which are kept does not depend on which sandbox finished first."""
+    the sandboxes in parallel, none handed out once `want` are found or once `deadline` (time.monotonic) has
+    passed (`over_budget`). Every candidate before the last one handed out has been tried, so which are kept
+    does not depend on which sandbox finished first."""
     kept: list[tuple[int, Task, BugCandidate, Task | None]] = []
     pending = list(enumerate(candidates))
     lock = threading.Lock()
 
     def next_candidate() -> tuple[int, BugCandidate] | None:
         with lock:
-            return pending.pop(0) if pending and len(kept) < want else None
+            return pending.pop(0) if pending and len(kept) < want and time.monotonic() < deadline else None
 
     def worker(sandbox: DockerSandbox) -> None:
         while (item := next_candidate()) is not None:
@@ -183,6 +190,8 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
     with report.clock.parallel(len(sandboxes)), ThreadPoolExecutor(len(sandboxes)) as pool:
         for future in [pool.submit(worker, sb) for sb in sandboxes]:
             future.result()
+    if pending and len(kept) < want:
+        over_budget(spec, len(pending), len(kept), config, report)
     return [(task, cand, narrowed) for _, task, cand, narrowed in sorted(kept, key=lambda k: k[0])[:want]]
 
 
@@ -253,7 +262,7 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
     candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
     begun = time.monotonic()
     kept, rejects = check_tasks([task for task, _ in candidates], workers=config.workers, runs=config.validation_runs,
-                                clock=report.clock, exact=True,
+                                clock=report.clock, exact=True, certify_runs=config.certify_runs,
                                 repeats={task.instance_id: narrowed for task, narrowed in candidates if narrowed})
     report.note(spec.key, "verify_seconds", round(time.monotonic() - begun, 1))
     kept = _parts_kept(spec, kept, report)
@@ -267,8 +276,8 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
         raise PackageError(f"{spec.key}: no task kept: {counts['tested']} candidates tested, {counts['broke_tests']} "
                            f"broke 1 to {config.max_fail_to_pass} tests ({counts['weak_tests']} under tests that "
                            f"ignore the function's result), {counts['stable']} the same way on every run, "
-                           f"{len(rejects)} set aside by the verifier; raise candidates_per_package or widen "
-                           "source_globs in the package entry", "synthesize")
+                           f"{len(rejects)} set aside by the verifier{budget_note(counts, config)}; raise "
+                           "candidates_per_package or widen source_globs in the package entry", "synthesize")
     write_rows(cached, [t.to_row() for t in kept], TASK_SCHEMA)
     log.info("%s: %d tasks kept (%d candidates tested, %d broke tests, %d set aside by the verifier) in %.0f s",
              spec.key, len(kept), counts["tested"], counts["broke_tests"], len(rejects), time.monotonic() - start)

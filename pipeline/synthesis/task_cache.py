@@ -25,6 +25,10 @@ def cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, 
         more += ("combine", config.combine)
     if config.reject_weak_tests:
         more += ("reject_weak_tests",)
+    if config.certify_runs != 1:  # 1: one container, the grades tasks had before certificates
+        more += ("certify_runs", config.certify_runs)
+    if config.package_budget:  # a package stopped at its budget keeps fewer tasks than a larger budget would
+        more += ("package_budget", config.package_budget)
     key = repr((image, spec, config.candidates_per_package, config.max_fail_to_pass, config.max_per_function,
                 config.seed, config.min_pass_rate, config.slowdown, config.baseline_runs, config.validation_runs,
                 writer.name if writer else f"templates-{TEMPLATES_VERSION}", GRADER_VERSION) + more)

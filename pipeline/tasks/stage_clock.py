@@ -27,6 +27,7 @@ STAGES = {
     "probe": "the weak-test probe: FAIL_TO_PASS tests with the function returning None",
     "restore": "the original file written back after a candidate",
     "verify_setup": "verifier: a fresh container per task, its bug applied and committed",
+    "certify_setup": "verifier: the certificate's further fresh containers per task (pipeline/tasks/certificate.py)",
     "gold_grades": "verifier: grades of the gold patch",
     "empty_grade": "verifier: grade of the empty patch",
     "sandbox_close": "containers stopped and removed",

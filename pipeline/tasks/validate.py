@@ -1,4 +1,5 @@
-"""Every task is checked before use: its gold patch resolves it and the empty patch does not."""
+"""Every task is checked before use: its gold patch resolves it and the empty patch does not, in fresh
+containers whose grades make its certificate (pipeline/tasks/certificate.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import docker.errors
 
 from pipeline.records import RejectedTask, Task
+from pipeline.tasks.certificate import ContainerPlan, GradedContainer, certificate_fields, container_plans
 from pipeline.tasks.flakiness import TaskRecheck, validation_record
 from pipeline.tasks.stage_clock import StageClock
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
@@ -25,26 +27,26 @@ FLAKY_BUG = "flaky with the bug:"
 
 def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory = task_sandbox,
                runs: int = 1, clock: StageClock | None = None, exact: bool = False,
-               repeat: Task | None = None) -> Task | RejectedTask:
-    """The task with its base_commit filled in, or the reason it is set aside: the gold patch must resolve
-    it on every one of `runs` grades, the empty patch must not; `exact`: the empty patch's grade must fail
-    every FAIL_TO_PASS test and pass every PASS_TO_PASS one (a synthesized bug's last run with the bug);
-    `repeat`: the task the gold grades after the first run (a synthesized task cut to the test files its bug
-    can reach, `synth.narrowed_task`; None: the whole task each time); `clock` is told where the time went.
+               repeat: Task | None = None, certify_runs: int = 1) -> Task | RejectedTask:
+    """The task with its base_commit and certificate filled in, or the reason it is set aside.
 
-    All grades run in one sandbox: each puts the tree back to what `prepare` left before it applies its
-    patch (exact, and tens of milliseconds; a fresh container is about 700 ms).
+    `certify_runs` fresh containers each grade the gold patch and the empty patch (pipeline/tasks/certificate.py):
+    the first the whole task in file order, the second in a shuffled order, the rest in file order; `repeat` (a
+    synthesized task cut to the test files its bug can reach, `synth.narrowed_task`; None: the whole task) is
+    what the containers after the first grade. The gold patch is graded `runs` times in all (the first container
+    grades those the others do not). Set aside: a gold patch that does not resolve on every grade in file order,
+    an empty patch that resolves in file order; `exact`: an empty patch's grade in file order must fail every
+    FAIL_TO_PASS test and pass every PASS_TO_PASS one (a synthesized bug's last run with the bug). A grade in the
+    shuffled order decides only the certificate. `clock` is told where the time went.
     """
-    clock, start = clock or StageClock(), time.monotonic()
+    clock = clock or StageClock()
     try:
-        with sandboxes(task, None) as sandbox:
-            clock.add("verify_setup", time.monotonic() - start)
-            head = sandbox.base_commit or ""
-            golds, empty = _grades(sandbox, task, test_timeout, runs, clock, repeat)
-            start = time.monotonic()
-        clock.add("sandbox_close", time.monotonic() - start)
+        graded = [_container(task, plan, sandboxes, test_timeout, clock) for plan in container_plans(
+            task, repeat, runs, certify_runs)]
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
         return RejectedTask(task.instance_id, "validate", f"sandbox failed: {exc}")
+    golds = [g for c in graded if c.plan.in_file_order for g in c.golds]
+    empties = [c.empty for c in graded if c.plan.in_file_order]
     resolved = sum(g.resolved for g in golds)
     gold = next((g for g in golds if not g.resolved), golds[0])
     if 0 < resolved < len(golds):
@@ -53,13 +55,35 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
     if not gold.resolved:
         return RejectedTask(task.instance_id, "validate", f"gold patch does not resolve it ({gold.reason}): "
                             f"{_failures(gold)}")
-    if empty.resolved:
+    if any(e.resolved for e in empties):
         return RejectedTask(task.instance_id, "validate", "the empty patch resolves it: FAIL_TO_PASS tests "
                             "pass without any change")
-    if exact and not _fails_exactly_fail_to_pass(empty):
+    inexact = next((e for e in empties if not _fails_exactly_fail_to_pass(e)), None) if exact else None
+    if inexact is not None:
         return RejectedTask(task.instance_id, "validate", f"{FLAKY_BUG} the empty patch's grade does not fail "
-                            f"exactly the FAIL_TO_PASS tests: {_failures(empty)}")
-    return dataclasses.replace(task, base_commit=head)
+                            f"exactly the FAIL_TO_PASS tests: {_failures(inexact)}")
+    return dataclasses.replace(task, base_commit=graded[0].head, **certificate_fields(graded))
+
+
+def _container(task: Task, plan: ContainerPlan, sandboxes: SandboxFactory, test_timeout: float,
+               clock: StageClock) -> GradedContainer:
+    """The grades of one fresh container: the gold patch's and the empty patch's, in the plan's order (each
+    grade after the first puts the tree back first: exact, and tens of milliseconds)."""
+    start = time.monotonic()
+    with sandboxes(task, None) as sandbox:
+        clock.add("verify_setup" if plan.index == 0 else "certify_setup", time.monotonic() - start)
+        head, golds, empty = sandbox.base_commit or "", [], None
+        for step, (what, graded) in enumerate(plan.steps):
+            with clock.stage("empty_grade" if what == "empty" else "gold_grades"):
+                verdict = grade_in(sandbox, graded, task.patch if what == "gold" else "", test_timeout,
+                                   fresh=step == 0)
+            if what == "empty":
+                empty = verdict
+            else:
+                golds.append(verdict)
+        start = time.monotonic()
+    clock.add("sandbox_close", time.monotonic() - start)
+    return GradedContainer(plan, head, tuple(golds), empty)
 
 
 def _grades(sandbox: Sandbox, task: Task, test_timeout: float, runs: int, clock: StageClock,
@@ -88,14 +112,15 @@ def _failures(g: Grade) -> str:
 
 
 def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1,
-                clock: StageClock | None = None, exact: bool = False, repeats: dict[str, Task] | None = None
-                ) -> tuple[list[Task], list[RejectedTask]]:
-    """Check tasks in parallel (`runs` gold grades each; `exact`, `repeats` by instance id: see check_task);
-    keep order."""
+                clock: StageClock | None = None, exact: bool = False, repeats: dict[str, Task] | None = None,
+                certify_runs: int = 1) -> tuple[list[Task], list[RejectedTask]]:
+    """Check tasks in parallel (`runs` gold grades each, `certify_runs` containers; `exact`, `repeats` by
+    instance id: see check_task); keep order."""
     clock, repeats = clock or StageClock(), repeats or {}
     with clock.parallel(workers), ThreadPoolExecutor(max(workers, 1)) as pool:
         results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact,
-                                                     repeat=repeats.get(t.instance_id)), tasks))
+                                                     repeat=repeats.get(t.instance_id), certify_runs=certify_runs),
+                                tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
 
 
