@@ -91,7 +91,7 @@ def attempt(text: Text, rng: random.Random, task: dict, batch: str, kind: str, s
         "infra_error": "sandbox_error: lost" if rng.random() < 0.01 else "", "error": "", "infra_retries": 0,
         "format_errors": 0, "total_tokens": 0, "wall_time": 1.0, "grade_time": 1.0,
         "quotes_guidance": bool(hint) and rng.random() < 0.02, "created_at": "", "policy_model": "bench",
-        "policy_revision": "", "chat_template_hash": ""}
+        "policy_revision": "", "chat_template_hash": "", "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 
 def with_logprobs(rows: list[dict], rng: np.random.Generator) -> pa.Table:

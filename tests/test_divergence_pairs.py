@@ -7,13 +7,15 @@ import dataclasses
 import json
 
 import polars as pl
+import pyarrow as pa
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from pipeline.datasets import DatasetConfig, build_rows, trajectory_frame
 from pipeline.datasets.card import CardInfo
-from pipeline.datasets.divergence import divergence_cut
+from pipeline.datasets.divergence import divergence_cut, divergence_cuts
+from pipeline.datasets.formats import CHAT
 from pipeline.datasets.export import export_dataset
 from pipeline.datasets.splits import heuristic_tokens
 from tests.test_datasets_build import ISSUE, SYSTEM, present, traj
@@ -116,7 +118,7 @@ SEEN = saw("a", "add.py")
 NEXT = said("Edit.", call("b", "bash", '{"command": "sed -i s/-/+/ add.py"}'))
 
 
-@pytest.mark.parametrize(("chosen", "rejected", "cut"), [
+CUTS = [
     ([TURN, SEEN, NEXT], [said("Look.", call("z", "bash", '{"all":true,"command":"ls"}')), saw("z", "add.py"),
                           said("Stop.")], 2),  # ids and spelling are no action
     ([TURN, SEEN, NEXT], [said("Look.", call("a", "bash", '{"command": "ls", "all": false}')), SEEN, NEXT], 0),
@@ -126,10 +128,22 @@ NEXT = said("Edit.", call("b", "bash", '{"command": "sed -i s/-/+/ add.py"}'))
     ([TURN, SEEN, NEXT, SEEN], [TURN, SEEN, NEXT, saw("b", "sed: no input files")], 2),  # back to the action
     ([TURN, SEEN, NEXT], [TURN, SEEN], None),  # a prefix: nothing divergent left on one side
     ([TURN, SEEN], [TURN, SEEN], None),
-])
+]
+
+
+@pytest.mark.parametrize(("chosen", "rejected", "cut"), CUTS)
 def test_the_cut_is_the_last_assistant_turn_at_or_before_the_first_difference(chosen, rejected, cut):
     assert divergence_cut(chosen, rejected) == cut
     assert divergence_cut(rejected, chosen) == cut
+
+
+def test_the_builder_cuts_a_column_of_pairs_where_the_rule_cuts_each():
+    """`divergence_cuts` (polars, a position at a time over the pairs still alike) equals `divergence_cut` per pair,
+    the pairs mixed so that some part early, some late and some never (a pair apart from its start among them)."""
+    pairs = CUTS + [(FIX, GIVE_UP), ([], [TURN])] + [(list(c) + [NEXT], list(r) + [NEXT]) for c, r, _ in CUTS]
+    column = {side: pl.from_arrow(pa.array([p[i] for p in pairs], type=CHAT)) for i, side in enumerate("cr")}
+    assert divergence_cuts(column["c"], column["r"]) == [divergence_cut(c, r) for c, r, *_ in pairs]
+    assert divergence_cuts(column["r"], column["c"]) == [divergence_cut(r, c) for c, r, *_ in pairs]
 
 
 @pytest.mark.parametrize("forms", [("divergence",), ("start", "start"), ()])

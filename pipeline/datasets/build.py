@@ -40,7 +40,7 @@ BUILDER_VERSION = "6"  # bump when a rule changes: every batch is rebuilt (6: th
 SCHEMAS = {"dpo": DPO_SCHEMA, "dpo_divergence": DPO_DIVERGENCE_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
 EXPORT_ONLY = ("dpo_pair_at",)  # settings that choose what the export holds, never what a row is
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
-T = TypeVar("T")
+T, U = TypeVar("T"), TypeVar("U")
 CHUNK = 1000  # trajectories built at once (runs read, built and written at once: 2000 made RSS grow with batches)
 
 
@@ -208,7 +208,7 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
             return prepared(stream.rows(run), config, count, gold, task_groups, left_out)
 
         try:
-            parts = (rows_of(p, config, gold, seen, count) for p in _ahead(ready, len(runs)))
+            parts = _ahead(ready, lambda p: rows_of(p, config, gold, seen, count), len(runs))
             rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
             break
         except BadTrajectoryFile as exc:
@@ -224,12 +224,12 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
             "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 
-def _ahead(make: Callable[[int], T], n: int) -> Iterator[T]:
-    """make(0) ... make(n - 1) in order, each next one made in a thread while the caller uses this one."""
+def _ahead(make: Callable[[int], T], then: Callable[[T], U], n: int) -> Iterator[U]:
+    """then(make(i)) in order, make(i + 1) in a thread once it is done (beside then(), a third run was held)."""
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(make, 0) if n else None
         for i in range(n):
-            done = future.result()
+            done = then(future.result())
             future = pool.submit(make, i + 1) if i + 1 < n else None
             yield done
 

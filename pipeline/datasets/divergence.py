@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -61,23 +62,68 @@ def divergence_cut(chosen: list[dict], rejected: list[dict]) -> int | None:
     return max((i for i in range(same + 1) if chosen[i]["role"] == rejected[i]["role"] == "assistant"), default=0)
 
 
-def _counted(messages: list[dict]) -> list[dict]:
-    """Chat messages in the form a Counter reads (tool calls back to JSON text, as `record_parts` stores them)."""
-    return [{"content": m.get("content"), "tool_calls": json.dumps(m["tool_calls"]) if m.get("tool_calls") else None}
-            for m in messages]
+def divergence_cuts(chosen: pl.Series, rejected: pl.Series) -> list[int | None]:
+    """`divergence_cut` of each row's two chat-form completions, found a message position at a time over the pairs
+    still alike (most part at their first turn), in polars: no completion becomes Python objects (that cost more
+    than writing the rows did). Python reads only messages alike in all but their tool calls (the arguments may
+    differ in spelling alone)."""
+    ends = pl.DataFrame({"c": chosen.list.len(), "r": rejected.list.len()}).select(
+        pl.min_horizontal("c", "r").fill_null(0)).to_series().to_numpy()
+    cuts: list[int | None] = [None] * len(ends)
+    last = np.zeros(len(ends), dtype=np.int64)  # each pair's last alike assistant turn before the position
+    rows = np.flatnonzero(ends > 0)  # the pairs `sides` hold
+    sides = (chosen, rejected) if len(rows) == len(ends) else (chosen.gather(rows), rejected.gather(rows))
+    alive, position = np.ones(len(rows), dtype=bool), 0  # alive: alike before the position
+    while alive.any():
+        alike, assistant = _alike(*(side.list.get(position, null_on_oob=True) for side in sides), alive)
+        for i in np.flatnonzero(alive & ~alike):
+            cuts[rows[i]] = position if assistant[i] else int(last[rows[i]])
+        last[rows[alive & alike & assistant]] = position
+        alive &= alike & (ends[rows] > position + 1)  # alike to the end of the shorter one: None (a prefix pair)
+        if alive.sum() * 2 < len(rows):  # keep the fewer pairs left (copies only when they halve: the sum stays small)
+            sides, rows, alive = tuple(side.filter(pl.Series(alive)) for side in sides), rows[alive], alive[alive]
+        position += 1
+    return cuts
+
+
+def _alike(chosen: pl.Series, rejected: pl.Series, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the same turn by `turn_key`, both the assistant's) of each row's two messages (CHAT structs, null past the
+    end); `wanted`: the rows whose answer counts."""
+    c, r = pl.col("c").struct, pl.col("r").struct
+    calls = [pl.when(side.field("tool_calls").list.len() > 0).then(  # none: null or empty, alike
+        side.field("tool_calls").list.eval(pl.element().struct.field("function"))) for side in (c, r)]
+    flags = pl.DataFrame({"c": chosen, "r": rejected}).select(
+        text=(c.field("role") == r.field("role"))
+        & (c.field("content").fill_null("") == r.field("content").fill_null(""))
+        & (c.field("reasoning_content").fill_null("") == r.field("reasoning_content").fill_null("")),
+        calls=calls[0].eq_missing(calls[1]),
+        assistant=(c.field("role") == "assistant") & (r.field("role") == "assistant")).fill_null(False)
+    text, same_calls = flags["text"].to_numpy(), flags["calls"].to_numpy()
+    alike = text & same_calls
+    for i in np.flatnonzero(wanted & text & ~same_calls):  # the same calls spelt otherwise are the same action
+        alike[i] = turn_key(chosen[int(i)]) == turn_key(rejected[int(i)])
+    return alike, flags["assistant"].to_numpy()
+
+
+def _counted(side: pl.Series, cuts: np.ndarray) -> pl.Series:
+    """The first `cuts` messages of each completion in the form a Counter reads (COUNTED: tool calls back to JSON
+    text, as `record_parts` stores them); only the shared messages are read, into Python."""
+    sharing = np.flatnonzero(cuts)
+    shared = pl.DataFrame({"m": side.gather(sharing), "cut": cuts[sharing]}).select(
+        pl.col("m").list.head(pl.col("cut"))).to_series().explode(empty_as_null=False, keep_nulls=False)
+    calls = [json.dumps(c) if c else None for c in shared.struct.field("tool_calls").to_list()]
+    messages = pl.DataFrame({"content": shared.struct.field("content"),
+                             "tool_calls": pl.Series(calls, dtype=pl.String)})
+    offsets = pl.Series(np.concatenate([[0], np.cumsum(cuts)]).astype(np.int64))  # polars: pa.array imports pandas
+    return pl.from_arrow(pa.LargeListArray.from_arrays(offsets.to_arrow(), messages.to_struct().to_arrow()))
 
 
 def divergence_rows(dpo: pl.DataFrame, count: Counter) -> tuple[pl.DataFrame, dict[str, int]]:
     """DPO_DIVERGENCE_SCHEMA rows of start pairs (DPO_SCHEMA rows), in their order, and the pairs left out by
     reason. `count` counts the shared messages, moved from each completion's tokens to the prompt's."""
-    cuts: list[int | None] = []
-    shared: dict[str, list[list[dict]]] = {"chosen": [], "rejected": []}
-    for chosen, rejected in dpo.select("chosen", "rejected").iter_rows():
-        cut = divergence_cut(chosen, rejected)
-        cuts.append(cut)
-        shared["chosen"].append(_counted(chosen[:cut or 0]))
-        shared["rejected"].append(_counted(rejected[:cut or 0]))
-    moved = {side: count(pl.Series(messages, dtype=COUNTED)) for side, messages in shared.items()}
+    cuts = divergence_cuts(dpo["chosen"], dpo["rejected"])
+    shared = np.array([cut or 0 for cut in cuts], dtype=np.int64)
+    moved = {side: count(_counted(dpo[side], shared)) for side in ("chosen", "rejected")}
     rows = dpo.with_columns(cut=pl.Series(cuts, dtype=pl.Int64), chosen_moved=moved["chosen"],
                             rejected_moved=moved["rejected"])
     dropped: dict[str, int] = {}

@@ -151,7 +151,8 @@ def instance_ids(paths: Iterable[Path], skip_bad_files: bool = False
         try:
             _checked(path)
             try:
-                ids[path] = pl.from_arrow(pq.read_table(path, columns=["instance_id"])["instance_id"])
+                # ParquetFile, not pq.read_table: that imports pyarrow.dataset and pandas (a second of CPU)
+                ids[path] = pl.from_arrow(pq.ParquetFile(path).read(columns=["instance_id"])["instance_id"])
             except READ_ERRORS as exc:
                 raise _corrupt(path, exc) from exc
         except BadTrajectoryFile as exc:
@@ -176,8 +177,9 @@ class _FileRows:
         if run not in self.last:
             return None
         try:
-            self.batches = self.batches or pq.ParquetFile(self.path, buffer_size=1 << 20, pre_buffer=False
-                                                          ).iter_batches(READ_ROWS, columns=USED)
+            self.batches = self.batches or pq.ParquetFile(  # one thread: for 256 rows, threads held more memory
+                self.path, buffer_size=1 << 20, pre_buffer=False).iter_batches(READ_ROWS, columns=USED,
+                                                                               use_threads=False)
             while self.read <= self.last[run]:
                 part = pl.from_arrow(next(self.batches))
                 self.held.append(part.with_columns(_run=pl.Series(self.run[self.read:self.read + part.height])))

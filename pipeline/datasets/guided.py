@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from pipeline.agent.textformat import OPEN
-from pipeline.guidance.references import (REFERENCE_WORDS, guidance_references, hint_leaks_gold, hint_terms,
+from pipeline.guidance.references import (REFERENCE_WORDS, TERM, guidance_references, hint_leaks_gold, hint_terms,
                                           read_turns, ungrounded, without_references)
 
 if TYPE_CHECKING:
@@ -42,24 +42,26 @@ def guided_checks(t: pl.DataFrame, heavy: pl.DataFrame, config: "DatasetConfig",
     The prose and edit checks (Python, message by message) run only on the successes `may_flag` keeps."""
     successes = t.filter((pl.col("origin") != "unguided") & (pl.col("reward") > 0))
     prompt_texts = heavy["prompt_chat"].gather(successes["row"]).list.eval(
-        pl.element().struct.field("content").fill_null("")).list.join("\n").to_list()
-    maybe = may_flag(heavy["completion"].gather(successes["row"]), successes["guidance_text"].to_list(), prompt_texts)
-    checked = successes["row"].filter(maybe)
-    completions = dict(zip(checked.to_list(), heavy["completion"].gather(checked).to_list()))
+        pl.element().struct.field("content").fill_null("")).list.join("\n")
+    maybe = may_flag(heavy["completion"].gather(successes["row"]), successes["guidance_text"], prompt_texts)
+    checked = successes["row"].filter(maybe).to_list()
+    completions = dict(zip(checked, heavy["completion"].gather(checked).to_list()))
+    prompts = dict(zip(checked, prompt_texts.filter(maybe).to_list()))
     flags: dict[str, list[bool]] = {name: [] for name in FLAGS}
     rewritten: dict[int, tuple[list[dict], list[dict]]] = {}
     counts: dict[str, int] = {}
-    for s, prompt_text in zip(successes.iter_rows(named=True), prompt_texts):
-        kind, completion = s["guidance_kind"], completions.get(s["row"])
+    shown_actions = pl.col("guidance_actions").list.head(pl.col("guidance_k").clip(lower_bound=0))  # the hint's
+    for row, kind, hint, actions, k, task in successes.select(
+            "row", "guidance_kind", "guidance_text", shown_actions, "guidance_k", "instance_id").iter_rows():
+        completion = completions.get(row)
         turns = read_turns(completion) if completion is not None else []
-        refers = bool(turns) and bool(guidance_references(completion, s["guidance_text"], prompt_text, turns))
-        shown = _shown_actions(s["guidance_actions"], s["guidance_k"])
+        refers = bool(turns) and bool(guidance_references(completion, hint, prompts[row], turns))
         row_flags = {"refers": refers, "ungrounded": bool(turns) and bool(ungrounded(completion, turns)),
-                     "hint_gold": hint_leaks_gold(s["guidance_text"], shown, (gold or {}).get(s["instance_id"], ""))}
+                     "hint_gold": hint_leaks_gold(hint, _shown_actions(actions, k), (gold or {}).get(task, ""))}
         for name, value in row_flags.items():
             flags[name].append(value)
         if refers and config.guidance_references == "rewrite":
-            rewritten[s["row"]] = without_references(completion, s["guidance_text"], prompt_text)
+            rewritten[row] = without_references(completion, hint, prompts[row])
         for key, on in [(REFERENCE_COUNT[config.guidance_references], refers),
                         ("ungrounded_kept" if config.keep_ungrounded else "ungrounded_left_out",
                          row_flags["ungrounded"]), ("hint_has_gold", row_flags["hint_gold"])]:
@@ -76,7 +78,7 @@ def failed_checks(config: "DatasetConfig") -> list[tuple[str, pl.Expr]]:
             ("ungrounded", pl.col("ungrounded") & (not config.keep_ungrounded))]
 
 
-def may_flag(completions: pl.Series, hints: list[str], prompt_texts: list[str]) -> pl.Series:
+def may_flag(completions: pl.Series, hints: pl.Series | list[str], prompt_texts: pl.Series | list[str]) -> pl.Series:
     """Whether `guidance_references` or `ungrounded` could find anything in each chat-form completion (a superset
     of those they flag, found in polars): no, when no assistant turn holds a text-format call, a non-ASCII
     character, a word of REFERENCE_WORDS (so no phrase matches) or a term of its hint (`hint_terms`), and no call
@@ -93,11 +95,28 @@ def may_flag(completions: pl.Series, hints: list[str], prompt_texts: list[str]) 
         (call.field("name") == "edit") | arguments.str.contains("sed", literal=True)
         | arguments.str.contains("\\u", literal=True))["i"]
     prose = said.group_by("i").agg(content.str.join("\n").str.to_lowercase())  # ASCII here, or already in `odd`
-    texts = dict(zip(prose["i"].to_list(), prose["content"].to_list()))
-    named = [i for i, (hint, prompt) in enumerate(zip(hints, prompt_texts)) if hint and i in texts
-             and any(term.lower() in texts[i] for term in hint_terms(hint, prompt))]
     rows = pl.Series("i", range(len(completions)), dtype=pl.UInt32)
-    return rows.is_in(pl.concat([odd, edits, pl.Series(named, dtype=pl.UInt32)]).implode())
+    return rows.is_in(pl.concat([odd, edits, _naming_hint_terms(prose, hints, prompt_texts)]).implode())
+
+
+def _naming_hint_terms(prose: pl.DataFrame, hints: pl.Series | list[str], prompt_texts: pl.Series | list[str]
+                       ) -> pl.Series:
+    """The rows (`i`) whose prose (lower case) holds a term of its hint (`hint_terms`). Polars finds the few rows
+    that might (a term of the hint in the prose, not in an ASCII prompt: Rust's regex and lower case agree with
+    Python's on ASCII text), `hint_terms` decides on those and on the rows whose hint is not ASCII."""
+    rows = pl.DataFrame({"hint": hints, "prompt": prompt_texts}, schema={"hint": pl.String, "prompt": pl.String}
+                        ).with_row_index("i").join(prose, on="i").filter(pl.col("hint") != "")
+    plain, term = ~pl.col("hint").str.contains(r"[^\x00-\x7f]"), pl.col("term")
+    terms = rows.filter(plain).select(
+        "i", "content", prompt=pl.when(pl.col("prompt").str.contains(r"[^\x00-\x7f]")).then(pl.lit(None))
+        .otherwise(pl.col("prompt").str.to_lowercase()), term=pl.col("hint").str.extract_all(TERM.pattern)
+    ).explode("term", keep_nulls=False).with_columns(term=pl.when(term.str.starts_with("`")).then(
+        term.str.slice(1, term.str.len_chars() - 2)).otherwise(term).str.to_lowercase())
+    seen = terms.filter(pl.col("content").str.contains(term, literal=True)).filter(
+        ~pl.col("prompt").str.contains(term, literal=True).fill_null(False))
+    maybe = rows.join(seen.select("i").unique(), on="i", how="semi").vstack(rows.filter(~plain))
+    return pl.Series([i for i, hint, prompt, text in maybe.select("i", "hint", "prompt", "content").iter_rows()
+                      if any(t.lower() in text for t in hint_terms(hint, prompt))], dtype=pl.UInt32)
 
 
 def _with_rewrites(heavy: pl.DataFrame, rewritten: dict[int, tuple[list[dict], list[dict]]]) -> pl.DataFrame:
