@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline.config_tree import SettingsError
 from pipeline.instance import UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags, release_dead_runs
 from pipeline.status import headline, run_status
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except UsageError as exc:
+    except (UsageError, SettingsError) as exc:  # settings are checked (keys, types, ranges) before anything runs
         print(f"handhold: {exc}", file=sys.stderr)
         return 2
 

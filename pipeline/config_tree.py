@@ -1,5 +1,5 @@
-"""Config dataclasses as a tree of settings: each field's type and doc, built from and turned into plain
-nested data with every key and type checked. No component config lives here, so anything (the training
+"""Config dataclasses as a tree of settings: each field's type, range and doc, built from and turned into plain
+nested data with every key, type and range checked. No component config lives here, so anything (the training
 subprocess too) can read settings without importing the pipeline's components."""
 
 from __future__ import annotations
@@ -8,10 +8,15 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import types
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pipeline.setting_ranges import out_of_range, range_of
+
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # what float() reads, but no nan or inf
 
 
 class SettingsError(ValueError):
@@ -31,10 +36,15 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def field_types(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a dataclass's fields."""
+def field_types(cls: type, extras: bool = False) -> dict[str, Any]:
+    """Resolved type hints of a dataclass's fields; `extras`: with their ranges (`Annotated[int, Ge(1)]`)."""
     module = inspect.getmodule(cls)
-    return typing.get_type_hints(cls, vars(module) if module else None)
+    return typing.get_type_hints(cls, vars(module) if module else None, include_extras=extras)
+
+
+def field_ranges(cls: type) -> dict[str, Any]:
+    """The Range each numeric field of a dataclass declares (pipeline/setting_ranges.py); None for none."""
+    return {name: range_of(kind) for name, kind in field_types(cls, extras=True).items()}
 
 
 def default_of(f: dataclasses.Field) -> Any:
@@ -53,7 +63,7 @@ def from_mapping(cls: type, data: Any, where: str, prefix: str = "") -> Any:
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
         raise SettingsError(f"{where}: unknown setting {key!r}; {cls.__name__} has {', '.join(fields)}")
-    types_ = field_types(cls)
+    types_ = field_types(cls, extras=True)
     values = {name: _value(types_[name], value, where, f"{prefix}.{name}" if prefix else name)
               for name, value in data.items()}
     try:
@@ -66,6 +76,12 @@ def _value(kind: Any, value: Any, where: str, key: str) -> Any:
     if dataclasses.is_dataclass(kind):
         return from_mapping(kind, value, where, key)
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Annotated:  # a number and its range
+        value = _value(args[0], value, where, key)
+        wrong = out_of_range(value, kind)
+        if wrong:
+            raise SettingsError(f"{where}: {key} is {value!r}; {wrong}")
+        return value
     if origin is Literal:
         if value not in args:
             raise SettingsError(f"{where}: {key} is {value!r}; choose one of {', '.join(map(repr, args))}")
@@ -79,6 +95,8 @@ def _value(kind: Any, value: Any, where: str, key: str) -> Any:
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, str) and NUMBER.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads 5e-7 (no dot) as a string
     if not ok:
         raise SettingsError(f"{where}: {key} must be {kind.__name__}, got {type(value).__name__} {value!r:.60}")
     return value

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pipeline.layout import Layout
 from pipeline.records import GuidancePlan, Trajectory
+from pipeline.setting_ranges import NonNegative
 from pipeline.store import RecordContractError
 from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
@@ -20,15 +21,15 @@ from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 class CostConfig:
     """Prices that turn tokens and sandbox time into money (0: free, e.g. a local model)."""
 
-    policy_input_per_million: float = 0.0
+    policy_input_per_million: NonNegative = 0.0
     """Price of a million prompt tokens of the policy."""
-    policy_output_per_million: float = 0.0
+    policy_output_per_million: NonNegative = 0.0
     """Price of a million tokens the policy generates."""
-    sandbox_per_hour: float = 0.0
+    sandbox_per_hour: NonNegative = 0.0
     """Price of an hour of sandbox time (the attempt's commands and its grading)."""
-    teacher_input_per_million: float = 0.0
+    teacher_input_per_million: NonNegative = 0.0
     """Price of a million prompt tokens of the LLM teacher (the rule teacher spends none)."""
-    teacher_output_per_million: float = 0.0
+    teacher_output_per_million: NonNegative = 0.0
     """Price of a million tokens the LLM teacher generates."""
 
 

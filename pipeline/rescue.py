@@ -23,6 +23,7 @@ from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, Teacher, flag_lea
 from pipeline.layout import probe_batch
 from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
+from pipeline.setting_ranges import Count, Fraction
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.vocab import GUIDANCE_KINDS, RLVR_KINDS, GuidanceKind
 
@@ -34,17 +35,17 @@ class GuidanceConfig:
 
     kinds: tuple[GuidanceKind, ...] = GUIDANCE_KINDS
     """Guidance kinds to try: any of 'plan', 'environment_feedback', 'environment_interaction', 'combined' (the three in one prompt), 'hindsight', 'action'."""
-    delta: float = 0.0
+    delta: Fraction = 0.0
     """A task gets guidance only when its unguided group's best reward is at most this."""
-    probes_per_step: int = 2
+    probes_per_step: Count = 2
     """Probe attempts per binary-search step (ActGuide: 2); any success decides the step."""
-    max_search_steps: int = 5
+    max_search_steps: Count = 5
     """Most binary-search steps per task (ActGuide: 5)."""
     compare_linear: bool = True
     """Also run the linear search from k = 1 (probes of equal k are reused) to report the probe ratio."""
     action_source: Literal["auto", "trajectories", "expert", "file"] = "auto"
     """Where reference actions come from; 'auto': the task's shortest success in any stored batch (any policy, guided or not), then the file, then the gold-patch script."""
-    max_expert_share: float = 1.0
+    max_expert_share: Fraction = 1.0
     """Most share of a batch's action plans whose reference is the script written from the gold patch (its edit IS the fix); 0 forbids it. A task left without a reference gets a rejected plan."""
     action_file: str = ""
     """JSONL of imported action logs: {"instance_id", "actions": [{"name", "args"}]}."""

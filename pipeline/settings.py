@@ -16,13 +16,14 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.agent.factory import PolicySpec
-from pipeline.config_tree import (SettingsError, default_of, field_docs, field_types, from_mapping,  # noqa: F401
-                                  json_copy, to_mapping)
+from pipeline.config_tree import (SettingsError, default_of, field_docs, field_ranges, field_types,  # noqa: F401
+                                  from_mapping, json_copy, to_mapping)
 from pipeline.costs import CostConfig
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.publish import PublishConfig
 from pipeline.rescue import GuidanceConfig
 from pipeline.rollouts import RolloutConfig
+from pipeline.setting_ranges import CountOrZero
 from pipeline.synthesis.synth import SynthConfig
 from pipeline.tasks.flakiness import QuarantineConfig
 from sandbox.images import BaseImageConfig
@@ -37,7 +38,7 @@ class SourcesConfig:
     """A SWE-bench-format dataset (Hub name or local JSON/JSONL/Parquet) loaded next to the synthesized tasks."""
     dataset_split: str = "test"
     """Split of `dataset` to load."""
-    dataset_limit: int = 0
+    dataset_limit: CountOrZero = 0
     """Most rows of `dataset` loaded (0: all)."""
     decontaminate: Literal["off", "flag", "exclude"] = "flag"
     """Tasks from a repository an `eval_benchmarks` benchmark draws on: kept, flagged (provenance 'eval_overlap'), or set aside."""
@@ -56,9 +57,9 @@ class HandholdConfig:
     several data folders and runs at once (each package is locked while it is made); '': <data_dir>/cache."""
     batch: str = ""
     """Batch partition name; empty: the UTC date the run was created, so a rerun the same day resumes."""
-    rollout_tasks: int = 6
+    rollout_tasks: CountOrZero = 6
     """Tasks the rollout stages run on, the first ones of `tasks`, repositories interleaved (0: all)."""
-    recheck_tasks: int = 2
+    recheck_tasks: CountOrZero = 2
     """Stored tasks the blocking tasks_validate check re-validates in fresh sandboxes each run (0: none)."""
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     """How often the re-validated tasks are graded, and which quarantined tasks are taken back."""
@@ -126,7 +127,7 @@ def with_overrides(data: dict, pairs: list[str], where: str = "--set") -> dict:
 
 def documented_yaml(config: HandholdConfig | None = None, title: str = "handhold settings") -> str:
     """Run config YAML of a config (what the launchpad and `handhold demo --config` take), every field
-    with its documentation as a comment above it."""
+    with its documentation, and a number's range, as a comment above it."""
     lines = [f"# {title}: every field, its value and what it does.",
              "# `handhold demo --config FILE`, or paste into the Dagster launchpad.",
              "resources:", "  settings:", "    config:"]
@@ -135,12 +136,13 @@ def documented_yaml(config: HandholdConfig | None = None, title: str = "handhold
 
 
 def _document(config: Any, depth: int, lines: list[str]) -> None:
-    docs, pad = field_docs(type(config)), "  " * depth
+    docs, ranges, pad = field_docs(type(config)), field_ranges(type(config)), "  " * depth
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if depth == 3 and not lines[-1].endswith("config:") and lines[-1] != "":
             lines.append("")
-        lines.append(f"{pad}# {docs.get(f.name, '')}")
+        allowed = f" [{ranges[f.name]}]" if ranges[f.name] else ""
+        lines.append(f"{pad}# {docs.get(f.name, '')}{allowed}")
         if dataclasses.is_dataclass(value):
             lines.append(f"{pad}{f.name}:")
             _document(value, depth + 1, lines)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
+
+from annotated_types import Ge, Gt
 
 OUTPUT_CAP = 100_000  # bytes of a command's output that come back (head and tail halves)
 DEFAULT_TIMEOUT = 120.0  # seconds
@@ -18,15 +20,15 @@ class SandboxSpec:
     """Give the container a network (off by default: the agent works offline)."""
     memory: str = "2g"
     """Memory limit (swap included), docker's notation."""
-    cpus: float = 1.0
+    cpus: Annotated[float, Gt(0)] = 1.0
     """CPU limit, in cores."""
-    pids: int = 512
+    pids: Annotated[int, Ge(1)] = 512
     """Most processes the container may hold (contains fork bombs)."""
     user: str = "auto"
     """User the agent's commands run as; 'auto': the image's `agent` user if it has one, else the image's default."""
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: Annotated[float, Gt(0)] = DEFAULT_TIMEOUT
     """Default per-command timeout, seconds."""
-    output_cap: int = OUTPUT_CAP
+    output_cap: Annotated[int, Ge(1)] = OUTPUT_CAP
     """Bytes of each command's output returned (head and tail kept)."""
 
 

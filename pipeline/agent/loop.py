@@ -13,6 +13,7 @@ from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_ca
 from pipeline.agent.tools import TOOLS, check_arguments, execute
 from pipeline.record_parts import Step
 from pipeline.records import Task
+from pipeline.setting_ranges import Count, Seconds
 from sandbox.base import Sandbox, SandboxError
 
 ExitStatus = Literal["submitted", "max_steps", "max_tokens", "max_wall_time", "format_errors",
@@ -24,15 +25,15 @@ NO_TOOL_CALL = "Format error: your reply has no tool call. Call exactly one tool
 class AgentConfig:
     """Limits and prompt options of one attempt."""
 
-    max_steps: int = 50
+    max_steps: Count = 50
     """Most model calls in one attempt."""
-    max_total_tokens: int = 2_000_000
+    max_total_tokens: Count = 2_000_000
     """Most prompt + completion tokens, summed over all model calls of the attempt."""
-    max_wall_time: float = 1800.0
+    max_wall_time: Seconds = 1800.0
     """Seconds one attempt may take, model calls and commands included."""
-    max_format_errors: int = 3
+    max_format_errors: Count = 3
     """Consecutive malformed or unknown tool calls that end the attempt."""
-    command_timeout: float = 120.0
+    command_timeout: Seconds = 120.0
     """Seconds one bash command may run before it is killed."""
     show_tests: bool = False
     """List the FAIL_TO_PASS tests in the task prompt."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline.setting_ranges import Count, CountOrZero, Fraction, Seed
+
 DpoPairAt = Literal["start", "divergence"]
 """Where a DPO pair's completions start: at the unguided prompt, or at the first turn its two attempts differ."""
 DPO_FORMS: dict[str, str] = {"start": "dpo", "divergence": "dpo_divergence"}
@@ -15,7 +17,7 @@ DPO_FORMS: dict[str, str] = {"start": "dpo", "divergence": "dpo_divergence"}
 class DatasetConfig:
     """How graded trajectories become DPO pairs, ActGuide groups and SFT examples."""
 
-    pairs_per_task: int = 4
+    pairs_per_task: Count = 4
     """Most DPO pairs per task and batch."""
     dpo_pair_at: tuple[DpoPairAt, ...] = ("start",)
     """DPO forms the export holds (the build makes both): 'start' (config `dpo`: whole completions under the unguided
@@ -29,16 +31,16 @@ class DatasetConfig:
     unguided ones, or both."""
     include_probes: bool = True
     """Successful action-prefix probes count as guided successes (they are never ActGuide group members)."""
-    max_prompt_tokens: int = 8192
+    max_prompt_tokens: CountOrZero = 8192
     """Attempts whose unguided prompt counts more tokens are left out, and counted; 0: no limit."""
-    max_completion_tokens: int = 32768
+    max_completion_tokens: CountOrZero = 32768
     """Attempts whose completion counts more tokens are left out, and counted; 0: no limit."""
     tokenizer: str = ""
     """Tokenizer (local path or Hub name) that counts tokens; '': ceil(characters / 4) + 4 per message,
     reported as such."""
-    test_fraction: float = 0.1
+    test_fraction: Fraction = 0.1
     """Share of tasks in the test split, by a hash of the instance id (stable across rebuilds)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the 'random' rejected draw (the splits do not depend on it)."""
     skip_bad_files: bool = False
     """Build on without trajectory files that cannot be read (each reported with why) instead of stopping."""
@@ -48,7 +50,7 @@ class DatasetConfig:
     keep_ungrounded: bool = False
     """Keep guided successes that edit a file no tool output had shown (they knew where from the hint alone)
     as chosen and SFT rows; they are counted per guidance kind either way."""
-    max_disagreement_rate: float = 1.0
+    max_disagreement_rate: Fraction = 1.0
     """Tasks whose re-validations and rollout grades disagreed on more than this share of their graded runs
     are left out (quarantined tasks always are); 1.0: no task for this reason."""
 

@@ -24,6 +24,7 @@ import polars as pl
 
 from pipeline.records import Trajectory
 from pipeline.schema import fields_of, record_schema
+from pipeline.setting_ranges import Count
 from pipeline.store import read_records, write_rows
 
 REASONS = ("gold_stopped_resolving", "empty_patch_passes", "tests_disagree")
@@ -34,7 +35,7 @@ REASONS = ("gold_stopped_resolving", "empty_patch_passes", "tests_disagree")
 class QuarantineConfig:
     """Re-validation of stored tasks over time, and the tasks set aside when they stop behaving."""
 
-    recheck_runs: int = 2
+    recheck_runs: Count = 2
     """Gold-patch grades of each task the tasks_validate check re-validates (2 or more tells flaky tests)."""
     readmit: tuple[str, ...] = ()
     """Instance ids taken back out of quarantine (their records are kept; remove an id to quarantine it again)."""
