@@ -50,7 +50,7 @@ bytecode: install
 # The Dagster UI: the code location `handhold` ([tool.dagster] in pyproject.toml), the instance in DAGSTER_HOME
 # (its dagster.yaml caps the sandboxes pool: HANDHOLD_SANDBOX_POOL_LIMIT=N make dev).
 dev: base-image
-	@$(PY) -c "from pipeline.instance import ensure_dagster_home; ensure_dagster_home()"
+	@$(PY) -c "from assets.instance import ensure_dagster_home; ensure_dagster_home()"
 	$(WRITE_BYTECODE) $(VENV)/bin/dagster dev
 
 bench: base-image

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.records import TRAJECTORY_SCHEMA, RejectedTask, Task, Trajectory
+from pipeline.core.records import TRAJECTORY_SCHEMA, RejectedTask, Task, Trajectory
 from pipeline.tasks.flakiness import (QuarantineConfig, TaskRecheck, quarantined, read_rechecks, reason,
                                        record_rechecks)
-from pipeline.store import RecordContractError, read_records
+from pipeline.core.store import RecordContractError, read_records
 
 ROLLOUT_CHECKS = {
     "trajectory_schema": "The stored batch reads back at the current trajectory schema version.",

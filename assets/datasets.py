@@ -11,7 +11,7 @@ import polars as pl
 
 from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings
-from pipeline.costs import cost_markdown, cost_totals, pairs_by_origin, stored_cost_rows
+from pipeline.rollouts.costs import cost_markdown, cost_totals, pairs_by_origin, stored_cost_rows
 from pipeline.datasets import read_dataset, update_datasets
 from pipeline.datasets.manifest import read_manifest
 from pipeline.datasets.card import HISTOGRAM_FILE, CardInfo, pass_rates
@@ -25,9 +25,9 @@ from pipeline.datasets.release import Provenance, code_version, cut_release, eva
 from pipeline.datasets.secrets import scan_tables
 from pipeline.tasks.certificate import uncertified, with_certified
 from pipeline.tasks.flakiness import left_out, quarantined, read_rechecks, task_table
-from pipeline.pictures import bar_chart_png, markdown_image
-from pipeline.round_report import lineage, lineage_rows
-from pipeline.vocab import DATASET_KINDS
+from pipeline.core.pictures import bar_chart_png, markdown_image
+from pipeline.rollouts.round_report import lineage, lineage_rows
+from pipeline.core.vocab import DATASET_KINDS
 
 PREVIEW_ROWS = 5
 EXPORT_FRESHNESS = timedelta(hours=30)  # a nightly export older than this missed a night (and some slack)

@@ -10,10 +10,10 @@ import dagster as dg
 
 from assets.checks import ANSWER_CHECK, TASK_CHECK, answer_check, task_check
 from assets.resources import Credentials, HandholdSettings
-from pipeline.records import REJECT_SCHEMA, TASK_SCHEMA, TASK_SCHEMA_VERSION, Task
-from pipeline.rescue import teacher_client
+from pipeline.core.records import REJECT_SCHEMA, TASK_SCHEMA, TASK_SCHEMA_VERSION, Task
+from pipeline.rollouts.rescue import teacher_client
 from pipeline.sources.swebench_rows import load_tasks
-from pipeline.store import write_rows
+from pipeline.core.store import write_rows
 from pipeline.synthesis.env_image import build_environment_image
 from pipeline.synthesis.packages import PackageError, fetch_source, package_lock, package_specs
 from pipeline.synthesis.synth import synthesize

@@ -12,7 +12,7 @@ from assets.resources import Credentials, HandholdSettings, config_model
 from assets.rollouts import unguided_rollouts
 from assets.training import actguide_model, dpo_model, policy_evaluation, sft_model
 from pipeline.agent.factory import PolicySpec
-from pipeline.rescue import GuidanceConfig
+from pipeline.rollouts.rescue import GuidanceConfig
 
 all_assets = [sandbox_base_image, task_sources, environment_images, tasks, unguided_rollouts, guidance,
               guided_rollouts, training_datasets, dataset_export, hub_publication, sft_model, dpo_model, actguide_model,

@@ -7,16 +7,16 @@ from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
 from assets.rollouts import attemptable, quarantine
 from pipeline.agent.server_check import check_server
-from pipeline.cascade import cascade_savings, guided_batch, savings_markdown
-from pipeline.costs import cost_markdown, cost_rows, cost_totals
-from pipeline.families import family_chart, family_markdown, family_rows, head_to_head, head_to_head_markdown
+from pipeline.rollouts.cascade import cascade_savings, guided_batch, savings_markdown
+from pipeline.rollouts.costs import cost_markdown, cost_rows, cost_totals
+from pipeline.rollouts.families import family_chart, family_markdown, family_rows, head_to_head, head_to_head_markdown
 from pipeline.guidance.reference_sources import plan_frame, source_markdown, source_table, stored_references
-from pipeline.invariants import batch_invariants, reference_checks
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, Trajectory
-from pipeline.rescue import SearchStats, action_plans, failed_groups, make_teacher, recovery, teacher_plans
-from pipeline.store import write_rows
+from pipeline.rollouts.invariants import batch_invariants, reference_checks
+from pipeline.core.records import GUIDANCE_PLAN_SCHEMA, Trajectory
+from pipeline.rollouts.rescue import SearchStats, action_plans, failed_groups, make_teacher, recovery, teacher_plans
+from pipeline.core.store import write_rows
 from pipeline.tasks.flakiness import record_rechecks, rollout_records
-from pipeline.vocab import TEACHER_KINDS
+from pipeline.core.vocab import TEACHER_KINDS
 
 
 @dg.asset(group_name="guidance", kinds={"parquet", "docker"}, deps=["unguided_rollouts"], pool="sandboxes",

@@ -1,6 +1,6 @@
 """Resources shared by the assets: the run's settings and the credentials of the clients.
 
-`HandholdSettings` is derived from `pipeline.settings.HandholdConfig`: every field, default,
+`HandholdSettings` is derived from `assets.settings.HandholdConfig`: every field, default,
 choice (`Literal`) and doc comes from the pipeline's dataclasses, nothing is declared twice.
 Clients (policy, teacher) are built only by the asset that uses them.
 """
@@ -18,8 +18,8 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field, create_model
 
-from pipeline.layout import Layout
-from pipeline.settings import HandholdConfig, default_of, field_docs, field_types, from_mapping
+from pipeline.core.layout import Layout
+from assets.settings import HandholdConfig, default_of, field_docs, field_types, from_mapping
 
 
 @functools.cache
@@ -68,7 +68,7 @@ class _Settings(dg.ConfigurableResource):
         return from_mapping(HandholdConfig, plain(self), "the settings resource")
 
     def layout(self) -> Layout:
-        """The data folder: every path a stage writes or reads (pipeline/layout.py)."""
+        """The data folder: every path a stage writes or reads (pipeline/core/layout.py)."""
         return Layout(Path(self.data_dir), Path(self.cache_dir) if self.cache_dir else None)
 
     def batch_name(self, context) -> str:
@@ -139,11 +139,11 @@ def retried_on_infra(compute):
 
 
 def make_policy(settings: _Settings, credentials: Credentials, batch: str = ""):
-    """The policy that rolls `batch` out: the one its round names (pipeline/rounds.py: the settings' policy, or the
+    """The policy that rolls `batch` out: the one its round names (pipeline/rollouts/rounds.py: the settings' policy, or the
     latest checkpoint of `policy.from_stage`), built now (only the assets that run it call this); without a batch,
     the settings' policy."""
     from pipeline.agent.factory import make_policy as build
-    from pipeline.rounds import batch_policy
+    from pipeline.rollouts.rounds import batch_policy
 
     config, key = settings.resolved(), credentials.key("policy")
     spec = batch_policy(settings.layout(), config.policy, batch, key)[1] if batch else config.policy

@@ -10,11 +10,11 @@ from assets.checks import rollout_check_specs, rollout_checks
 from assets.partitions import BATCHES
 from assets.resources import Credentials, HandholdSettings, make_policy, retried_on_infra
 from pipeline.agent.server_check import check_server
-from pipeline.invariants import batch_invariants
-from pipeline.records import Task
-from pipeline.rollouts import plan_jobs, run_batch
-from pipeline.round_report import lineage, lineage_markdown, needed_guidance_before, round_outcome
-from pipeline.rounds import RoundRecord, finish_round, start_round
+from pipeline.rollouts.invariants import batch_invariants
+from pipeline.core.records import Task
+from pipeline.rollouts.batch import plan_jobs, run_batch
+from pipeline.rollouts.round_report import lineage, lineage_markdown, needed_guidance_before, round_outcome
+from pipeline.rollouts.rounds import RoundRecord, finish_round, start_round
 from pipeline.tasks.flakiness import (QuarantinedTask, quarantine_markdown, quarantined, read_rechecks,
                                        record_rechecks, rollout_records)
 
@@ -73,7 +73,7 @@ def round_metadata(record: RoundRecord, settings: HandholdSettings) -> dict:
 @retried_on_infra
 def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSettings,
                       credentials: Credentials) -> dg.MaterializeResult:
-    """N unguided attempts per task by the batch's policy (its round: pipeline/rounds.py), each graded by the task's
+    """N unguided attempts per task by the batch's policy (its round: pipeline/rollouts/rounds.py), each graded by the task's
     tests; what it solves of the tasks that needed guidance in an earlier round."""
     config, batch, layout = settings.resolved(), settings.batch_name(context), settings.layout()
     policy = make_policy(settings, credentials, batch)

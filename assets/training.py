@@ -14,10 +14,10 @@ import dagster as dg
 from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
-from pipeline.costs import CostConfig
+from pipeline.rollouts.costs import CostConfig
 from pipeline.datasets.release import dataset_identity
-from pipeline.pictures import markdown_image
-from pipeline.rounds import TrainingStart, training_start
+from pipeline.core.pictures import markdown_image
+from pipeline.rollouts.rounds import TrainingStart, training_start
 from training.common import add_to_config, read_run, starting_model
 from training.launch import launch
 
@@ -35,7 +35,7 @@ def run_dir(settings: HandholdSettings, context, stage: str) -> Path:
 
 def train_stage(context: dg.AssetExecutionContext, settings: HandholdSettings, stage: str) -> dg.MaterializeResult:
     """Train `stage` on the exported dataset folder, in process or through Pipes, from where its round starts and on
-    its rounds' rows (pipeline/rounds.py); report the run folder."""
+    its rounds' rows (pipeline/rollouts/rounds.py); report the run folder."""
     config = settings.resolved().training
     stage_config = getattr(config, stage)
     if not stage_config.enabled:
@@ -106,7 +106,7 @@ def policy_evaluation(context: dg.AssetExecutionContext, settings: HandholdSetti
                       credentials: Credentials) -> dg.MaterializeResult:
     """Unguided pass@1 of each trained checkpoint next to the starting model, on the held-out test tasks,
     through the same Docker sandboxes and grader as every rollout; each model's identity beside its numbers."""
-    from pipeline.evaluation import (INTERVAL, evaluation_rollouts, held_out_tasks, per_task_table, results_table,
+    from training.evaluation import (INTERVAL, evaluation_rollouts, held_out_tasks, per_task_table, results_table,
                                      task_batch, trained_tasks)
 
     config = settings.resolved()
@@ -163,7 +163,7 @@ def evaluate_model(context, label: str, path: str, held_out: list, trained: list
                    evaluation, credentials: Credentials, prices: CostConfig = CostConfig()) -> dict:
     """One model's row of the report: its identity, its score on the held-out tasks, and under `trained` its
     score on the sample of tasks it trained on (the memorization check)."""
-    from pipeline.evaluation import evaluate, model_identity
+    from training.evaluation import evaluate, model_identity
 
     policy = evaluation_policy(label, path, evaluation, credentials)
     result = evaluate(label, policy, held_out, rollout, layout.evaluation(batch, label), batch,

@@ -29,7 +29,7 @@ def tasks_and_rows(out: Path, rollouts: int):
     from pipeline.datasets import DatasetConfig, build_rows
     from pipeline.datasets.card import CardInfo
     from pipeline.datasets.export import export_dataset
-    from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+    from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
     from pipeline.synthesis.packages import DEFAULT_PACKAGES
     from pipeline.synthesis.synth import SynthConfig, synthesize
     from sandbox.images import ensure_base_image
@@ -58,8 +58,8 @@ def tasks_and_rows(out: Path, rollouts: int):
 def main() -> None:
     from pipeline.agent.factory import PolicySpec, make_policy
     from pipeline.agent.loop import AgentConfig
-    from pipeline.evaluation import evaluate
-    from pipeline.rollouts import RolloutConfig
+    from training.evaluation import evaluate
+    from pipeline.rollouts.batch import RolloutConfig
     from training.config import SFTTrainingConfig
     from training.sft import train_sft
     from training.tiny_model import build_tiny_model

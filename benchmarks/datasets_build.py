@@ -34,8 +34,8 @@ import polars as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from pipeline.records import TRAJECTORY_SCHEMA  # noqa: E402
-from pipeline.vocab import GUIDANCE_KINDS  # noqa: E402
+from pipeline.core.records import TRAJECTORY_SCHEMA  # noqa: E402
+from pipeline.core.vocab import GUIDANCE_KINDS  # noqa: E402
 
 TOOLS = json.dumps([{"type": "function", "function": {"name": n, "description": "x" * 300,
                                                       "parameters": {"type": "object"}}} for n in ("bash", "edit")])
@@ -148,7 +148,7 @@ def whole_build(data: Path, out: Path, gold: dict[str, str]) -> None:
     from pipeline.datasets.build import SCHEMAS, SEEN_KEYS, build_rows, rows_table
     from pipeline.datasets.config import DatasetConfig
     from pipeline.datasets.files import read_trajectories, write_rows_table
-    from pipeline.layout import Layout
+    from pipeline.core.layout import Layout
 
     config, seen = DatasetConfig(), {}
     for batch in Layout(data).batch_names():
@@ -174,7 +174,7 @@ def io_floor(data: Path, out: Path) -> tuple[float, float]:
     """(wall, CPU) seconds any build spends on I/O: reading the inputs' used columns and writing the same
     output tables (those in `out`, read beforehand, untimed) with the settings the shards are written with."""
     from pipeline.datasets.files import read_trajectories, write_rows_table
-    from pipeline.layout import Layout
+    from pipeline.core.layout import Layout
 
     start = clock()
     for batch in Layout(data).batch_names():

@@ -22,8 +22,8 @@ import json, sys, time
 # Only the given tree's modules: the venv's editable install would answer for those the tree lacks
 sys.meta_path = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
 sys.path.insert(0, sys.argv[1])
-from pipeline.records import Task
-from pipeline.store import read_rows
+from pipeline.core.records import Task
+from pipeline.core.store import read_rows
 try:
     from pipeline.verifier.grading import grade
 except ModuleNotFoundError:  # a tree from before pipeline/verifier/ (the default baseline)
@@ -72,8 +72,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="gradings per task and verifier")
     parser.add_argument("--cache", default=str(ROOT / "data" / "cache"), help="synthesis cache folder")
     args = parser.parse_args()
-    from pipeline.records import TASK_SCHEMA
-    from pipeline.store import write_rows
+    from pipeline.core.records import TASK_SCHEMA
+    from pipeline.core.store import write_rows
 
     tasks = one_task_per_package(Path(args.cache))
     with tempfile.TemporaryDirectory(prefix="handhold-bench-") as tmp:

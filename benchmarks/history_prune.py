@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.records import Task  # noqa: E402
+from pipeline.core.records import Task  # noqa: E402
 from pipeline.verifier.environment import prepare, task_sandbox  # noqa: E402
 from sandbox.docker_sandbox import DockerSandbox  # noqa: E402
 from sandbox.history import pruned_image  # noqa: E402

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.agent.heuristic import HeuristicPolicy  # noqa: E402
 from pipeline.agent.loop import run_attempt  # noqa: E402
-from pipeline.records import TASK_SCHEMA, Task  # noqa: E402
-from pipeline.rollouts import RolloutConfig, plan_jobs  # noqa: E402
-from pipeline.sandbox_pool import PoolConfig, SandboxPool  # noqa: E402
-from pipeline.store import read_records  # noqa: E402
+from pipeline.core.records import TASK_SCHEMA, Task  # noqa: E402
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs  # noqa: E402
+from pipeline.rollouts.sandbox_pool import PoolConfig, SandboxPool  # noqa: E402
+from pipeline.core.store import read_records  # noqa: E402
 from pipeline.verifier.environment import task_sandbox  # noqa: E402
 from pipeline.verifier.grading import grade  # noqa: E402
 

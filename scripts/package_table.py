@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pipeline.settings import HandholdConfig, from_mapping, with_overrides
+from assets.settings import HandholdConfig, from_mapping, with_overrides
 from pipeline.synthesis.synth import synthesize
 from sandbox.images import docker_client, ensure_base_image
 

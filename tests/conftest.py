@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 from filelock import FileLock
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.synthesis.packages import DEFAULT_PACKAGES
 from pipeline.synthesis.synth import SynthConfig, synthesize
 

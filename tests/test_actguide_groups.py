@@ -14,9 +14,9 @@ from pipeline.agent.heuristic import action_hint
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, PolicyIdentity, Usage
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
-from pipeline.record_parts import Action
-from pipeline.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.record_parts import Action
+from pipeline.rollouts.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_batch_local import BUG, FIX, calc_task, make_repo
 from tests.test_datasets_build import traj

@@ -12,7 +12,7 @@ import pytest
 from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt, step_seed, unguided_prompt
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
-from pipeline.records import Task
+from pipeline.core.records import Task
 from sandbox.base import SandboxError
 from sandbox.local_sandbox import LocalSandbox
 from tests.loopback import DEFAULT_LOGPROB, AnthropicServer, OpenAIServer, Reply, ToolCall
@@ -287,10 +287,10 @@ def test_tiny_local_model_runs_an_attempt_with_logprobs(tiny_model, tmp_path, sa
 
 def to_stored_trajectory(attempt, policy, tmp_path):
     """The attempt through `to_trajectory`, a Parquet file and back."""
-    from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
-    from pipeline.batch_metrics import token_id_coverage
-    from pipeline.rollouts import NO_GUIDANCE, Job, to_trajectory
-    from pipeline.store import read_records, write_rows
+    from pipeline.core.records import TRAJECTORY_SCHEMA, Trajectory
+    from pipeline.rollouts.batch_metrics import token_id_coverage
+    from pipeline.rollouts.batch import NO_GUIDANCE, Job, to_trajectory
+    from pipeline.core.store import read_records, write_rows
 
     task = Task(instance_id="calc-1", repo="demo/calc", base_commit="", patch="", test_patch="", problem_statement="",
                 FAIL_TO_PASS=(), PASS_TO_PASS=(), image="", workdir="", test_cmd="", log_parser="", source="synth")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.synth import SynthConfig, synthesize
 from pipeline.tasks.answer_search import originals, search_sandbox, windows

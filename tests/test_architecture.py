@@ -19,7 +19,8 @@ def import_graph():
 def test_no_module_imports_itself_through_others():
     g = import_graph()
     edges = g.graph()
-    assert len(edges) > 100 and edges["pipeline.rollouts"] >= {"pipeline.verifier.grading", "pipeline.records"}
+    assert len(edges) > 100
+    assert edges["pipeline.rollouts.batch"] >= {"pipeline.verifier.grading", "pipeline.core.records"}
     assert g.cycles(edges) == []
 
 
@@ -28,7 +29,7 @@ def test_no_package_imports_itself_through_others():
     packages: dict[str, set[str]] = {}
     for a, b in g.package_edges(g.graph()):
         packages.setdefault(a, set()).add(b)
-    assert packages["pipeline.rescue"] >= {"pipeline.rollouts", "pipeline.guidance"}
+    assert packages["pipeline.rollouts"] >= {"pipeline.verifier", "pipeline.guidance", "pipeline.core"}
     assert g.cycles(packages) == []
 
 
@@ -37,7 +38,7 @@ def test_the_verifier_imports_only_records_and_the_sandbox():
     verifier = {m: targets for m, targets in edges.items() if m.startswith("pipeline.verifier")}
     assert "pipeline.verifier.grading" in verifier
     outside = {t for targets in verifier.values() for t in targets
-               if not t.startswith(("pipeline.verifier", "sandbox.")) and t != "pipeline.records"}
+               if not t.startswith(("pipeline.verifier", "sandbox.")) and t != "pipeline.core.records"}
     assert outside == set()
 
 

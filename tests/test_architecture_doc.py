@@ -24,6 +24,13 @@ def test_the_drawing_in_the_docs_is_the_code():
         "docs/architecture.md's drawing differs from the imports of the code: run scripts/draw_architecture.py"
 
 
+def test_the_packages_form_a_line_with_no_arrow_back():
+    d = draw_architecture()
+    edges, packages = d.code_graph()
+    arrows = d.box_edges(edges, d.boxes(edges, packages))
+    assert d.upward(arrows) == {}, "an import goes up the line: python scripts/draw_architecture.py --check-layers"
+
+
 # A hand-made project on the line t -> p -> s: p holds two subpackages (p.a, p.b) and modules of its own.
 LINE = ("t", "p", "s")
 PACKAGES = {"t", "p", "p.a", "p.b", "s"}

@@ -152,7 +152,7 @@ def test_a_materialized_batch_brings_everything_after_it_up_to_date(defs, stack)
 def test_the_export_and_the_evaluation_say_how_old_they_may_be(defs, tmp_path, monkeypatch):
     from assets.datasets import EXPORT_FRESHNESS
     from assets.training import EVALUATION_FRESHNESS
-    from pipeline.instance import ensure_dagster_home
+    from assets.instance import ensure_dagster_home
 
     graph = defs.resolve_asset_graph()
     policies = {k.to_user_string(): graph.get(k).freshness_policy for k in graph.get_all_asset_keys()
@@ -247,8 +247,8 @@ def test_only_infrastructure_errors_are_retried_with_backoff(error, retried):
 def test_a_new_batch_takes_the_tasks_its_policy_has_not_attempted_first(tmp_path):
     from assets.resources import HandholdSettings
     from assets.rollouts import rollout_tasks
-    from pipeline.records import TASK_SCHEMA, TRAJECTORY_SCHEMA
-    from pipeline.store import write_rows
+    from pipeline.core.records import TASK_SCHEMA, TRAJECTORY_SCHEMA
+    from pipeline.core.store import write_rows
     from tests.test_datasets_build import traj
     from tests.test_records import TASK
 

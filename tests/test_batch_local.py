@@ -11,11 +11,11 @@ import pytest
 
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, Usage
-from pipeline.record_parts import Action
-from pipeline.records import Guidance, GuidancePlan, Task
-from pipeline.layout import probe_batch
-from pipeline.rescue import GuidanceConfig, action_plans, probe_job
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.record_parts import Action
+from pipeline.core.records import Guidance, GuidancePlan, Task
+from pipeline.core.layout import probe_batch
+from pipeline.rollouts.rescue import GuidanceConfig, action_plans, probe_job
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from pipeline.verifier.empty_patch import known_grade
 from pipeline.verifier.grading import grade

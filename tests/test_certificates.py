@@ -16,8 +16,8 @@ import pytest
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.datasets.release import Provenance, Release, cut_release
-from pipeline.records import TASK_SCHEMA, Task
-from pipeline.store import write_rows
+from pipeline.core.records import TASK_SCHEMA, Task
+from pipeline.core.store import write_rows
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.synth import SynthConfig, synthesize
 from pipeline.tasks.certificate import certificate_problem, task_rows, uncertified, with_certified

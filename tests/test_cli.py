@@ -12,8 +12,8 @@ import pytest
 from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 from dagster._core.storage.dagster_run import DagsterRun
 
-from pipeline.cli import main
-from pipeline.instance import (POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags,
+from assets.cli import main
+from assets.instance import (POOL, UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags,
                                release_dead_runs)
 
 # task_sources with no package and no dataset: a real materialization that needs neither network nor Docker
@@ -118,7 +118,7 @@ def test_a_dagster_yaml_of_ones_own_is_left_alone(home, monkeypatch, capsys):
 HOLDS_A_SLOT = """
 import sys, time
 import dagster as dg
-from pipeline.instance import POOL, instance_with_pool_limit, owner_tags
+from assets.instance import POOL, instance_with_pool_limit, owner_tags
 
 @dg.op(pool=POOL)
 def sandbox_step():
@@ -167,8 +167,8 @@ def test_a_live_run_keeps_its_slots(home):
 
 
 def test_status_shows_the_rounds_lineage_the_latest_rollouts_recorded(home, capsys):
-    from pipeline.round_report import lineage_markdown
-    from pipeline.rounds import RoundOutcome, RoundRecord, TrainedBy
+    from pipeline.rollouts.round_report import lineage_markdown
+    from pipeline.rollouts.rounds import RoundOutcome, RoundRecord, TrainedBy
 
     made = TrainedBy("sft", "b0", 0, "data/models/sft/b0/checkpoint", "base", "b0", "ab" * 32)
     rounds = [RoundRecord("b0", 0, "heuristic", outcome=RoundOutcome(True)),

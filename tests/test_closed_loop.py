@@ -32,8 +32,8 @@ from pipeline.agent.loop import AgentConfig
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
-from pipeline.evaluation import evaluate
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from training.evaluation import evaluate
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from training.config import SFTTrainingConfig
 from training.sft import train_sft
 

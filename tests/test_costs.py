@@ -1,4 +1,4 @@
-"""What attempts and guidance cost (pipeline/costs.py), the cascade and what it saved (pipeline/cascade.py), the
+"""What attempts and guidance cost (pipeline/rollouts/costs.py), the cascade and what it saved (pipeline/rollouts/cascade.py), the
 teacher's tokens as its server reports them, and where the costs are shown (card, evaluation, the demo's
 report); on batches worked out by hand: each price and each stored figure changes the answer."""
 
@@ -11,16 +11,16 @@ import pytest
 
 from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
-from pipeline.cascade import cascade_savings, guided_batch, run_cascade, savings_markdown
-from pipeline.cli import head_to_head_report
-from pipeline.costs import CostConfig, cost_markdown, cost_rows, cost_totals, costs_card_section, pairs_by_origin
+from pipeline.rollouts.cascade import cascade_savings, guided_batch, run_cascade, savings_markdown
+from assets.cli import head_to_head_report
+from pipeline.rollouts.costs import CostConfig, cost_markdown, cost_rows, cost_totals, costs_card_section, pairs_by_origin
 from pipeline.datasets.card import CardInfo, render_card
-from pipeline.evaluation import evaluation_cost, results_table, score
-from pipeline.families import family_rows, head_to_head, head_to_head_markdown
+from training.evaluation import evaluation_cost, results_table, score
+from pipeline.rollouts.families import family_rows, head_to_head, head_to_head_markdown
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher
-from pipeline.record_parts import Step
-from pipeline.records import Guidance, GuidancePlan
-from pipeline.rescue import GuidanceConfig, teacher_plans
+from pipeline.core.record_parts import Step
+from pipeline.core.records import Guidance, GuidancePlan
+from pipeline.rollouts.rescue import GuidanceConfig, teacher_plans
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.loopback import AnthropicServer, OpenAIServer, Reply, tokens
 from tests.test_batch_local import CONFIG, PLAN, HintFollower, calc_task, make_repo

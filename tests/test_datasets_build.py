@@ -21,11 +21,11 @@ from pipeline.datasets import build
 from pipeline.datasets.files import read_trajectories
 from pipeline.datasets.formats import CALLS, DPO_DIVERGENCE_SCHEMA, mentions, row_text
 from pipeline.datasets.splits import content_hashes
-from pipeline.layout import Layout, probe_batch
-from pipeline.record_parts import Action
-from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Trajectory
-from pipeline.schema import record_schema
-from pipeline.store import write_rows
+from pipeline.core.layout import Layout, probe_batch
+from pipeline.core.record_parts import Action
+from pipeline.core.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Trajectory
+from pipeline.core.schema import record_schema
+from pipeline.core.store import write_rows
 
 SYSTEM = {"role": "system", "content": "You fix bugs in a sandbox."}
 ISSUE = "add() returns the wrong sum."

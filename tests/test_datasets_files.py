@@ -15,9 +15,9 @@ from pipeline.datasets import build, files
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import as_arrow, export_dataset
 from pipeline.datasets.files import DICTIONARY, TaskRuns, instance_ids, read_trajectories
-from pipeline.layout import Layout
-from pipeline.records import TRAJECTORY_SCHEMA
-from pipeline.store import write_rows
+from pipeline.core.layout import Layout
+from pipeline.core.records import TRAJECTORY_SCHEMA
+from pipeline.core.store import write_rows
 from tests.test_datasets_build import TASK_T1, store_batch, traj
 
 MANY = [traj(f"{i}-{s}", iid=f"repo__{i:02d}", reward=float(s == 0), sample=s)

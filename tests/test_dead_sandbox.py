@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, Usage
-from pipeline.rollouts import INFRA_EXITS, RolloutConfig, plan_jobs, run_job
+from pipeline.rollouts.batch import INFRA_EXITS, RolloutConfig, plan_jobs, run_job
 from sandbox import DockerSandbox
 from sandbox.base import SandboxError
 from tests.test_batch_local import calc_task

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.sources.harness_specs import spec_repos
 from pipeline.tasks.decontam import benchmark_repos, decontaminate, overlapping_benchmarks, repo_key
 

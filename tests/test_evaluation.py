@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from pipeline.costs import CostConfig
+from pipeline.rollouts.costs import CostConfig
 from pipeline.datasets.splits import split_group, task_split
-from pipeline.evaluation import (INTERVAL, check_sampling, evaluation_cost, evaluation_rollouts, model_identity,
+from training.evaluation import (INTERVAL, check_sampling, evaluation_cost, evaluation_rollouts, model_identity,
                                  pass_at_1, per_task_table, results_table, score, t_quantile, task_batch,
                                  trained_tasks, wilson_interval)
-from pipeline.rollouts import RolloutConfig
+from pipeline.rollouts.batch import RolloutConfig
 from tests.test_datasets_build import traj
 from tests.test_splits import synth_tasks
 from training.config import EvaluationConfig

@@ -1,9 +1,9 @@
-"""The guidance families head to head (pipeline/families.py), on a batch worked out by hand."""
+"""The guidance families head to head (pipeline/rollouts/families.py), on a batch worked out by hand."""
 
 from __future__ import annotations
 
-from pipeline.families import family_chart, family_markdown, family_rows
-from pipeline.records import GuidancePlan
+from pipeline.rollouts.families import family_chart, family_markdown, family_rows
+from pipeline.core.records import GuidancePlan
 from tests.test_datasets_build import traj
 
 

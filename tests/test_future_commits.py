@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.verifier.environment import prepare, task_sandbox
 from sandbox.base import SandboxError
 from sandbox.docker_sandbox import DockerSandbox

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.verifier.guard import numstat_paths, protected_reason, suspicious_flags, top_module
 from pipeline.verifier.junit import dotted, junit_disagreements
 

@@ -15,10 +15,10 @@ from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_prefix, search_steps_bound
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
 from pipeline.guidance.teacher_text import combined_guidance
-from pipeline.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
+from pipeline.rollouts.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
     recovery, teacher_plans
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.store import read_batch
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.store import read_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.loopback import AnthropicServer, OpenAIServer, Reply, tokens
 from tests.test_batch_local import CONFIG, HintFollower, calc_task, make_repo

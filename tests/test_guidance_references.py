@@ -19,8 +19,8 @@ from pipeline.guidance.actions import action_hint
 from pipeline.guidance.expert import expert_actions
 from pipeline.guidance.references import (REFERENCE, guidance_references, hint_leaks_gold, quotes_guidance,
                                           ungrounded, without_references)
-from pipeline.records import Guidance
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.records import Guidance
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_batch_local import GOLD, PLAN, HintFollower, calc_task, make_repo
 

@@ -12,7 +12,7 @@ import pytest
 from pipeline.datasets.formats import chat
 from pipeline.datasets.guided import may_flag
 from pipeline.guidance.references import guidance_references, ungrounded
-from pipeline.records import TRAJECTORY_SCHEMA
+from pipeline.core.records import TRAJECTORY_SCHEMA
 
 HINT = "Guidance (plan):\n1. Where to look: `calc.py`, in `add`, around line 2."
 PROMPT = "add(2, 3) returns -1."

@@ -9,9 +9,9 @@ import pytest
 
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
-from pipeline.infra_streak import InfraStreak, InfraStreakError, cause_of
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.store import read_batch
+from pipeline.rollouts.infra_streak import InfraStreak, InfraStreakError, cause_of
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.store import read_batch
 from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.loopback import OpenAIServer, Reply, ToolCall, _Handler
 from tests.test_batch_local import calc_task, make_repo

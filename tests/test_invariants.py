@@ -7,8 +7,8 @@ import json
 from types import SimpleNamespace
 
 from pipeline.guidance.expert import expert_actions
-from pipeline.invariants import final_test_run, lost_patches, regrade_sample, replay
-from pipeline.records import Task
+from pipeline.rollouts.invariants import final_test_run, lost_patches, regrade_sample, replay
+from pipeline.core.records import Task
 
 TASK = Task("t", "r", "base", "", "", "issue", ("pkg/tests/test_a.py::test_a",), ("pkg/tests/test_a.py::test_b",),
             "img", "/testbed", "python -m pytest -rA pkg/tests", "parse_log_pytest", "synth")
@@ -73,8 +73,8 @@ def test_the_whole_reference_resolves_and_stored_rewards_reproduce(toolz_task):
 
 
 def test_probes_holding_the_reference_edit_must_resolve():
-    from pipeline.invariants import edit_prefix_failures, last_edit
-    from pipeline.record_parts import Action
+    from pipeline.rollouts.invariants import edit_prefix_failures, last_edit
+    from pipeline.core.record_parts import Action
 
     actions = tuple(Action.of(a) for a in [
         {"name": "bash", "args": {"command": "grep -rn x ."}},

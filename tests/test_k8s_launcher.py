@@ -16,7 +16,7 @@ from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
-from pipeline.settings import HandholdConfig, SettingsError, from_mapping
+from assets.settings import HandholdConfig, SettingsError, from_mapping
 from tests.fake_kube import FakeKube, write_kubeconfig
 from tests.test_training import actguide_attempts
 from training.common import read_run

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.layout import Layout, probe_batch
-from pipeline.records import TASK_SCHEMA, TRAJECTORY_SCHEMA
-from pipeline.store import RecordContractError, write_rows
+from pipeline.core.layout import Layout, probe_batch
+from pipeline.core.records import TASK_SCHEMA, TRAJECTORY_SCHEMA
+from pipeline.core.store import RecordContractError, write_rows
 
 
 def test_paths_sit_under_the_root_with_their_folders_made(tmp_path):

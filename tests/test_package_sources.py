@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.records import Task
-from pipeline.settings import HandholdConfig, SettingsError, from_mapping, load_config, to_mapping
+from pipeline.core.records import Task
+from assets.settings import HandholdConfig, SettingsError, from_mapping, load_config, to_mapping
 from pipeline.synthesis.backend import (backend_target, editable_requirements, installed_backend, raised_pins,
                                         run_pip)
 from pipeline.synthesis.discover import PYTEST, discover

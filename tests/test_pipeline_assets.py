@@ -14,12 +14,12 @@ from assets.datasets import dataset_checks
 from assets.graph import all_assets
 from assets.partitions import ensure_batch
 from assets.resources import Credentials, HandholdSettings
-from pipeline.cli import head_to_head_report, run_config
+from assets.cli import head_to_head_report, run_config
 from pipeline.datasets.splits import split_group, task_split
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Task
-from pipeline.store import read_records
+from pipeline.core.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, GuidancePlan, Task
+from pipeline.core.store import read_records
 from pipeline.tasks.flakiness import read_rechecks
-from pipeline.vocab import GUIDANCE_KINDS
+from pipeline.core.vocab import GUIDANCE_KINDS
 from tests.conftest import GRAPH_SYNTH, TOOLZ
 from tests.test_datasets_build import check_rows_against_stored_attempts
 

@@ -7,7 +7,7 @@ import uuid
 import docker.errors
 import pytest
 
-from pipeline.cli import main
+from assets.cli import main
 from pipeline.verifier import environment
 from pipeline.verifier.environment import prepare, prepared_image, task_sandbox
 from sandbox.docker_sandbox import DockerSandbox

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.sources.harness_specs import parser_registry
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.packages import test_command as command_of

@@ -13,8 +13,8 @@ from pipeline.datasets import read_dataset, update_datasets
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.export import export_dataset
-from pipeline.records import TASK_SCHEMA
-from pipeline.store import write_rows
+from pipeline.core.records import TASK_SCHEMA
+from pipeline.core.store import write_rows
 from pipeline.tasks.flakiness import (TaskRecheck, flakiness, left_out, quarantined, read_rechecks, record_rechecks,
                                       rollout_records, task_table, validation_record)
 from pipeline.tasks.validate import recheck_task

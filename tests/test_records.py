@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.record_parts import ACTION_SCHEMA, MESSAGE_SCHEMA, STEP_SCHEMA, Action, Message, Step
-from pipeline.records import (GUIDANCE_PLAN_SCHEMA, GUIDANCE_SCHEMA, REJECT_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA,
+from pipeline.core.record_parts import ACTION_SCHEMA, MESSAGE_SCHEMA, STEP_SCHEMA, Action, Message, Step
+from pipeline.core.records import (GUIDANCE_PLAN_SCHEMA, GUIDANCE_SCHEMA, REJECT_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA,
                               Guidance, GuidancePlan, RejectedTask, Task, Trajectory)
-from pipeline.rollouts import RolloutConfig, run_batch
-from pipeline.schema import from_row, record_schema, to_row
-from pipeline.store import RecordContractError, read_records, write_rows
+from pipeline.rollouts.batch import RolloutConfig, run_batch
+from pipeline.core.schema import from_row, record_schema, to_row
+from pipeline.core.store import RecordContractError, read_records, write_rows
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
 PROMPT = ({"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix `add` — ünïcode."})
@@ -147,8 +147,8 @@ def test_a_schema_is_derived_from_its_dataclass():
     import pyarrow as pa
     import pytest
 
-    from pipeline.record_parts import Action
-    from pipeline.schema import fields_of
+    from pipeline.core.record_parts import Action
+    from pipeline.core.schema import fields_of
 
     @dataclass(frozen=True)
     class Row:

@@ -20,7 +20,7 @@ import pytest
 from swebench.harness.grading import get_eval_report
 from swebench.types import TestSpec as SwebenchSpec
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.verifier.environment import task_sandbox
 from pipeline.verifier.grading import Grade, grade, grade_in
 from tests.redteam import patches as p
@@ -222,7 +222,7 @@ def test_what_root_wrote_in_the_tree_is_the_users_and_nothing_else_is_rewritten(
 
 
 def test_reused_sandbox_leftovers_are_not_paid(sandbox, toolz_task):
-    """As pipeline.invariants.replay does: the agent's actions, its diff, sandbox.reset(), grade_in in the same
+    """As pipeline.rollouts.invariants.replay does: the agent's actions, its diff, sandbox.reset(), grade_in in the same
     sandbox. reset() keeps git-ignored files, and the diff leaves out *.pyc: an unchecked pyc the actions wrote
     is in no patch, yet still in the tree the tests see."""
     p.write_unchecked_pyc(sandbox)  # the agent's actions

@@ -13,10 +13,10 @@ from pipeline.datasets.card import CardInfo, render_card
 from pipeline.datasets.export import split_tables
 from pipeline.guidance.actions import Reference, reference_actions
 from pipeline.guidance.reference_sources import capped_references, plan_frame, source_table, stored_references
-from pipeline.layout import Layout
-from pipeline.records import GuidancePlan
-from pipeline.rescue import GuidanceConfig, action_plans
-from pipeline.rollouts import plan_jobs, run_batch
+from pipeline.core.layout import Layout
+from pipeline.core.records import GuidancePlan
+from pipeline.rollouts.rescue import GuidanceConfig, action_plans
+from pipeline.rollouts.batch import plan_jobs, run_batch
 from tests.test_batch_local import BUG, CONFIG, FIX, PLAN, HintFollower, calc_task, sandboxes  # noqa: F401
 
 EDIT = {"command": "str_replace", "path": "calc.py", "old_str": BUG, "new_str": FIX}

@@ -19,8 +19,8 @@ from pipeline.datasets.export import export_dataset
 from pipeline.datasets.publish import PublishConfig, PublishError, publish_dataset
 from pipeline.datasets.release import (Provenance, Release, RowChange, cut_release, dataset_identity, releases,
                                        row_changes)
-from pipeline.records import TASK_SCHEMA
-from pipeline.store import write_rows
+from pipeline.core.records import TASK_SCHEMA
+from pipeline.core.store import write_rows
 from pipeline.tasks.flakiness import record_rechecks
 
 from tests.hub_loopback import HubServer

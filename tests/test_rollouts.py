@@ -19,11 +19,11 @@ from pipeline.agent.heuristic import HeuristicPolicy
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.expert import expert_actions
-from pipeline.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION
-from pipeline.schema import schema_version
-from pipeline.rescue import failed_groups
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.store import read_batch
+from pipeline.core.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION
+from pipeline.core.schema import schema_version
+from pipeline.rollouts.rescue import failed_groups
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.store import read_batch
 from pipeline.verifier.grading import grade
 from sandbox.images import LABEL
 from tests.loopback import AnthropicServer, OpenAIServer, Reply, ToolCall
@@ -73,15 +73,15 @@ def test_killed_batch_resumes_without_duplicates(synth_run, docker_client, tmp_p
 import sys
 from pipeline.agent.heuristic import HeuristicPolicy
 from pipeline.agent.loop import AgentConfig
-from pipeline.records import Task
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.store import read_rows
+from pipeline.core.records import Task
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.store import read_rows
 tasks = [Task.from_row(r) for r in read_rows(sys.argv[1])]
 config = RolloutConfig(attempts=3, workers=1, agent=AgentConfig(max_steps=30))
 run_batch(plan_jobs(tasks, HeuristicPolicy(), config, 'k'), HeuristicPolicy(), config, sys.argv[2], 'k')
 """
-    from pipeline.records import TASK_SCHEMA
-    from pipeline.store import write_rows
+    from pipeline.core.records import TASK_SCHEMA
+    from pipeline.core.store import write_rows
 
     task_file = write_rows(tmp_path / "tasks.parquet", [t.to_row() for t in tasks], TASK_SCHEMA)
     out = tmp_path / "k"
@@ -243,7 +243,7 @@ def test_llm_policies_full_rollouts(protocol, toolz_task, tmp_path, monkeypatch)
 def test_a_success_is_a_reward_above_delta_without_an_infra_fault(reward, infra_error, success):
     import dataclasses
 
-    from pipeline.rescue import succeeded
+    from pipeline.rollouts.rescue import succeeded
     from tests.test_records import TRAJECTORY
 
     attempt = dataclasses.replace(TRAJECTORY, reward=reward, infra_error=infra_error)
@@ -254,7 +254,7 @@ def test_a_success_is_a_reward_above_delta_without_an_infra_fault(reward, infra_
 def test_a_probe_succeeds_by_the_rule_that_failed_its_group(tmp_path, monkeypatch):
     """A real probe (the expert's 3-action hint shows the fix: reward 1.0) decides its step at δ 0, not at δ 1."""
     from pipeline.guidance.expert import expert_actions
-    from pipeline.rescue import _prober
+    from pipeline.rollouts.rescue import _prober
     from pipeline.verifier.environment import LocalTaskSandboxes
     from tests.test_batch_local import CONFIG, HintFollower, calc_task, make_repo
 

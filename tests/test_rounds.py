@@ -29,16 +29,16 @@ from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.datasets.release import Provenance, cut_release
 from pipeline.datasets.release_notes import training_rows
-from pipeline.layout import Layout
-from pipeline.records import TRAJECTORY_SCHEMA, Task
-from pipeline.round_report import lineage, lineage_rows, needed_guidance_before, round_outcome
-from pipeline.rounds import (RoundError, RoundRecord, TrainedBy, finish_round, plan_round, read_round, start_round,
+from pipeline.core.layout import Layout
+from pipeline.core.records import TRAJECTORY_SCHEMA, Task
+from pipeline.rollouts.round_report import lineage, lineage_rows, needed_guidance_before, round_outcome
+from pipeline.rollouts.rounds import (RoundError, RoundRecord, TrainedBy, finish_round, plan_round, read_round, start_round,
                              training_start, window_batches, write_round)
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.settings import SettingsError, from_mapping, HandholdConfig
-from pipeline.store import write_rows
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from assets.settings import SettingsError, from_mapping, HandholdConfig
+from pipeline.core.store import write_rows
 from pipeline.verifier.environment import LocalTaskSandboxes
-from pipeline.vocab import DATASET_KINDS
+from pipeline.core.vocab import DATASET_KINDS
 from tests.loopback import OpenAIServer, Reply, ToolCall, _Handler
 from tests.test_batch_local import calc_task, make_repo
 from tests.test_datasets_build import traj

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from pipeline.records import Task
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
-from pipeline.sandbox_pool import PoolConfig, SandboxPool
+from pipeline.core.records import Task
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from pipeline.rollouts.sandbox_pool import PoolConfig, SandboxPool
 from pipeline.verifier.environment import task_sandbox
 from sandbox.base import CommandResult
 from tests.test_batch_local import PLAN, HintFollower, calc_task, sandboxes  # noqa: F401 (a fixture)

@@ -13,9 +13,9 @@ from pipeline.agent.anthropic_policy import AnthropicPolicy, AnthropicPolicyConf
 from pipeline.agent.heuristic import HeuristicPolicy
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.agent.server_check import ServerCheckError, check_server
-from pipeline.cli import main
+from assets.cli import main
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher
-from pipeline.layout import Layout
+from pipeline.core.layout import Layout
 from tests.loopback import AnthropicServer, OpenAIServer, ThreadedServer
 
 

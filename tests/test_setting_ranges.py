@@ -1,4 +1,4 @@
-"""Every numeric setting declares its range next to it (pipeline/setting_ranges.py), and a value outside it stops
+"""Every numeric setting declares its range next to it (pipeline/core/setting_ranges.py), and a value outside it stops
 a run before anything runs: `handhold` exits 2 naming the setting, the value and the range; a YAML file, the
 launchpad's run config and the settings resource raise the same SettingsError."""
 
@@ -18,10 +18,10 @@ from annotated_types import Ge, Gt, Interval, Lt
 
 from assets.definitions import definitions
 from assets.resources import HandholdSettings
-from pipeline.cli import main, root_error
-from pipeline.config_tree import field_types, from_mapping
-from pipeline.setting_ranges import Also, Count, Range, StepLimit, out_of_range, range_of
-from pipeline.settings import HandholdConfig, SettingsError, default_of, load_config
+from assets.cli import main, root_error
+from pipeline.core.config_tree import field_types, from_mapping
+from pipeline.core.setting_ranges import Also, Count, Range, StepLimit, out_of_range, range_of
+from assets.settings import HandholdConfig, SettingsError, default_of, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CHEAP = ["--select", "task_sources", "--set", "synth.packages=[]"]  # were a bad value let through: a cheap real run
@@ -52,7 +52,7 @@ def ranged_defaults(cls: type, prefix: str = ""):
 
 def test_every_number_setting_declares_a_range_its_default_is_in():
     assert numbers_without_a_range(HandholdConfig) == [], \
-        "declare each with a type from pipeline/setting_ranges.py (Count, CountOrZero, Fraction, Seconds, ...)"
+        "declare each with a type from pipeline/core/setting_ranges.py (Count, CountOrZero, Fraction, Seconds, ...)"
     ranged = list(ranged_defaults(HandholdConfig))
     assert len(ranged) > 90
     assert [name for name, default, kind in ranged for value in ([default] if not isinstance(default, tuple)

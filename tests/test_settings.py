@@ -13,7 +13,7 @@ import pytest
 from assets.definitions import definitions
 from assets.graph import PROD_ENV
 from assets.resources import Credentials, HandholdSettings, make_policy, plain
-from pipeline.settings import (HandholdConfig, SettingsError, default_of, documented_yaml, field_docs, field_types,
+from assets.settings import (HandholdConfig, SettingsError, default_of, documented_yaml, field_docs, field_types,
                                load_config, to_mapping)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from pipeline.datasets import DatasetConfig, build_rows, trajectory_frame
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset, split_by_task
 from pipeline.datasets.splits import combined_split_conflicts, split_column, split_group, split_groups, task_split
-from pipeline.evaluation import held_out_tasks
-from pipeline.records import TASK_SCHEMA, Task
+from training.evaluation import held_out_tasks
+from pipeline.core.records import TASK_SCHEMA, Task
 from pipeline.synthesis.combine import combinations_to_try
 from pipeline.synthesis.mutations import collect_candidates
 from pipeline.synthesis.packages import PackageSpec

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.records import TASK_SCHEMA, Task
-from pipeline.store import read_rows, write_rows
+from pipeline.core.records import TASK_SCHEMA, Task
+from pipeline.core.store import read_rows, write_rows
 from pipeline.sources.harness_specs import (
     eval_script_test_cmd,
     harness_test_cmd,
@@ -475,7 +475,7 @@ def test_decontamination_where_rows_are_loaded():
 
 
 def test_dataset_config_defaults_follow_the_sources_settings():
-    from pipeline.settings import SourcesConfig
+    from assets.settings import SourcesConfig
 
     sources, dataset = SourcesConfig(), SweDatasetConfig("x.jsonl")
     assert (sources.decontaminate, sources.eval_benchmarks) == (dataset.decontaminate, dataset.eval_benchmarks)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pipeline.records import TASK_SCHEMA, Task
-from pipeline.store import read_rows, write_rows
+from pipeline.core.records import TASK_SCHEMA, Task
+from pipeline.core.store import read_rows, write_rows
 from pipeline.synthesis.packages import fetch_source
 from pipeline.synthesis.subjects import api_index
 from pipeline.synthesis.synth import synthesize
@@ -275,7 +275,7 @@ def test_bad_packages_are_reported_in_rejects_parquet_and_the_good_one_still_yie
     that does not install: each a row of rejects.parquet naming package, stage and fix; toolz still yields."""
     import polars as pl
 
-    from pipeline.records import REJECT_SCHEMA
+    from pipeline.core.records import REJECT_SCHEMA
     from pipeline.synthesis.packages import PackageSpec, parse_entry
     from pipeline.synthesis.synth import SynthConfig
 
@@ -307,7 +307,7 @@ def test_a_malformed_pyproject_rejects_its_package_and_the_others_go_on(synth_ru
 
     import polars as pl
 
-    from pipeline.records import REJECT_SCHEMA
+    from pipeline.core.records import REJECT_SCHEMA
     from pipeline.synthesis.packages import PackageSpec
     from pipeline.synthesis.synth import SynthConfig
 

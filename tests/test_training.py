@@ -16,7 +16,7 @@ from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
-from pipeline.record_parts import Action
+from pipeline.core.record_parts import Action
 from tests.test_datasets_build import TASK_T1, traj
 from training.actguide import ActGuideTrainer, train_actguide
 from training.actguide_examples import group_advantages, prepare_examples, training_group
@@ -301,8 +301,8 @@ def test_a_served_checkpoint_is_evaluated_through_its_endpoint_and_the_sandboxes
     a Docker sandbox and is graded like any rollout."""
     from assets.resources import Credentials
     from assets.training import evaluation_policy
-    from pipeline.evaluation import evaluate, evaluation_rollouts
-    from pipeline.rollouts import RolloutConfig
+    from training.evaluation import evaluate, evaluation_rollouts
+    from pipeline.rollouts.batch import RolloutConfig
     from tests.loopback import OpenAIServer, Reply, ToolCall
     from training.config import EvaluationConfig
 
@@ -328,9 +328,9 @@ def test_each_model_is_scored_on_the_tasks_it_trained_on_beside_the_held_out_one
     from types import SimpleNamespace
 
     from assets.training import evaluate_model
-    from pipeline.evaluation import evaluation_rollouts
-    from pipeline.layout import Layout
-    from pipeline.rollouts import RolloutConfig
+    from training.evaluation import evaluation_rollouts
+    from pipeline.core.layout import Layout
+    from pipeline.rollouts.batch import RolloutConfig
     from tests.loopback import OpenAIServer, Reply, ToolCall
     from training.config import EvaluationConfig
 

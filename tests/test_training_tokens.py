@@ -167,9 +167,9 @@ def test_hf_rollouts_reach_the_trainer_with_their_own_ids_and_logprobs(tiny_mode
     from pipeline.agent.identity import local_identity
     from pipeline.agent.loop import AgentConfig, run_attempt
     from pipeline.datasets import DatasetConfig, build_rows
-    from pipeline.records import TRAJECTORY_SCHEMA, Task, Trajectory
-    from pipeline.rollouts import NO_GUIDANCE, Job, to_trajectory
-    from pipeline.store import read_records, write_rows
+    from pipeline.core.records import TRAJECTORY_SCHEMA, Task, Trajectory
+    from pipeline.rollouts.batch import NO_GUIDANCE, Job, to_trajectory
+    from pipeline.core.store import read_records, write_rows
     from sandbox.local_sandbox import LocalSandbox
     from tests.test_agent_loop import make_repo
     from training.actguide import ActGuideTrainer

@@ -22,7 +22,7 @@ import pytest
 from websockets.sync.client import connect
 
 from assets.graph import all_assets
-from pipeline.instance import ensure_dagster_home
+from assets.instance import ensure_dagster_home
 
 REPO = Path(__file__).resolve().parent.parent
 SCREENSHOT = REPO / "docs" / "asset-graph.png"  # rewritten only with HANDHOLD_UPDATE_SCREENSHOT=1

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pipeline.layout import Layout
-from pipeline.pictures import line_chart_png
+from pipeline.core.layout import Layout
+from pipeline.core.pictures import line_chart_png
 from training.tiny_model import build_tiny_model
 
 PRECISION_DTYPES = {"fp32": "float32", "bf16-mixed": "float32", "bf16": "bfloat16", "fp16": "float16"}  # weights

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from annotated_types import Gt, Interval
 
-from pipeline.setting_ranges import (Also, Count, CountOrZero, Fraction, NonNegative, Positive, Seconds, Seed,
+from pipeline.core.setting_ranges import (Also, Count, CountOrZero, Fraction, NonNegative, Positive, Seconds, Seed,
                                      StepLimit)
 
 Precision = Literal["auto", "fp32", "bf16-mixed", "bf16", "fp16"]

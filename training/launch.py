@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.config_tree import to_mapping
+from pipeline.core.config_tree import to_mapping
 from training.config import TrainingConfig
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: `training.run` is importable from here

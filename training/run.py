@@ -41,7 +41,7 @@ def trainer(stage: str):
 def main(argv: list[str] | None = None) -> int:
     from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
-    from pipeline.config_tree import from_mapping
+    from pipeline.core.config_tree import from_mapping
     from training.common import rows_of_batches
 
     parser = argparse.ArgumentParser(prog="python -m training.run", description=__doc__.split("\n")[0])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.agent.policy import Policy
-from pipeline.setting_ranges import Count, NonNegative
+from pipeline.core.setting_ranges import Count, NonNegative
 
 PolicyKind = Literal["heuristic", "openai", "anthropic", "hf"]
 Stage = Literal["", "sft", "dpo", "actguide"]
@@ -40,7 +40,7 @@ class PolicySpec:
 
 def make_policy(spec: PolicySpec, api_key: str | None = None) -> Policy:
     """The policy a spec names, with a clear error for missing settings; `api_key` (never stored) wins over
-    the environment variable `spec.api_key_env` names. `from_stage` is not read here: pipeline/rounds.py turns a
+    the environment variable `spec.api_key_env` names. `from_stage` is not read here: pipeline/rollouts/rounds.py turns a
     spec into the one a batch rolls out with."""
     if spec.kind == "heuristic":
         from pipeline.agent.heuristic import HeuristicPolicy

@@ -22,7 +22,7 @@ from typing import Generator
 
 from pipeline.agent.policy import AssistantTurn, PolicyIdentity, Usage
 from pipeline.agent.repairs import code_lines, line_repairs
-from pipeline.vocab import HINT_HEADER
+from pipeline.core.vocab import HINT_HEADER
 
 # The heuristic's test runs print nothing that changes from run to run (pytest's timing, object addresses, hash
 # order): two rollouts of one seed see the same bytes, so a model trained on its trajectories meets the observations

@@ -11,9 +11,9 @@ from pipeline.agent.policy import AssistantTurn, Policy, PolicyError, PolicyIden
 from pipeline.agent.prompts import system_prompt, task_prompt
 from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_call, tool_response
 from pipeline.agent.tools import TOOLS, check_arguments, execute
-from pipeline.record_parts import Step
-from pipeline.records import Task
-from pipeline.setting_ranges import Count, Seconds
+from pipeline.core.record_parts import Step
+from pipeline.core.records import Task
+from pipeline.core.setting_ranges import Count, Seconds
 from sandbox.base import Sandbox, SandboxError
 
 ExitStatus = Literal["submitted", "max_steps", "max_tokens", "max_wall_time", "format_errors",

@@ -32,9 +32,9 @@ from pipeline.datasets.pairs import candidates, dpo_rows, prepare, sft_rows
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.guided import GROUPS_LOST, guided_checks
 from pipeline.datasets.splits import Counter, token_counter
-from pipeline.layout import PROBE_SUFFIX, Layout
-from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
-from pipeline.schema import to_row
+from pipeline.core.layout import PROBE_SUFFIX, Layout
+from pipeline.core.records import TRAJECTORY_SCHEMA, Trajectory
+from pipeline.core.schema import to_row
 
 BUILDER_VERSION = "6"  # bump when a rule changes: every batch is rebuilt (6: the dpo pairs cut at divergence)
 SCHEMAS = {"dpo": DPO_SCHEMA, "dpo_divergence": DPO_DIVERGENCE_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}

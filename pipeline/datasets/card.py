@@ -12,15 +12,15 @@ import polars as pl
 import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
-from pipeline.costs import costs_card_section
+from pipeline.rollouts.costs import costs_card_section
 from pipeline.datasets.divergence import divergence_card_section
 from pipeline.datasets.guided import GROUPS_LOST
 from pipeline.datasets.provenance import SourcePackage, resolve_sources
 from pipeline.guidance.reference_sources import CHOSEN_COLUMNS, reference_sources_section
-from pipeline.pictures import draw_text, png
+from pipeline.core.pictures import draw_text, png
 from pipeline.tasks.certificate import CERTIFICATE_COLUMNS, certificate_summary
 from pipeline.tasks.flakiness import QuarantinedTask, quarantine_markdown
-from pipeline.vocab import NO_GUIDANCE_KIND
+from pipeline.core.vocab import NO_GUIDANCE_KIND
 
 HISTOGRAM_FILE = "k_star_histogram.png"
 RATE_COLUMNS = ("guidance_kind", "resolved", "instance_id", "infra_error")  # of the trajectories table
@@ -44,7 +44,7 @@ class CardInfo:
     """Guided successes per '<check>.<guidance kind>' (the datasets build report's `checks`): prose referring
     to guidance dropped or rewritten, ungrounded left out or kept, hints holding gold lines."""
     costs: tuple[Mapping[str, object], ...] = ()
-    """What the rows cost, per origin (pipeline/costs.py cost_rows, DPO pairs counted); empty: no section."""
+    """What the rows cost, per origin (pipeline/rollouts/costs.py cost_rows, DPO pairs counted); empty: no section."""
     quarantine: tuple[QuarantinedTask, ...] = ()
     """The tasks set aside for unsound behaviour over time (pipeline/tasks/flakiness.py): no row comes from them."""
     certify_runs: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.setting_ranges import Count, CountOrZero, Fraction, Seed
+from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, Seed
 
 DpoPairAt = Literal["start", "divergence"]
 """Where a DPO pair's completions start: at the unguided prompt, or at the first turn its two attempts differ."""

@@ -30,7 +30,7 @@ from pipeline.datasets.card import (HISTOGRAM_FILE, CardInfo, k_star_histogram, 
                                     shard_path)
 from pipeline.datasets.files import write_rows_table
 from pipeline.datasets.splits import combined_split_conflicts, split_column, split_groups
-from pipeline.records import Task
+from pipeline.core.records import Task
 
 Frame = Union[pl.DataFrame, pa.Table]
 CONFIGS = ("dpo", "actguide", "sft", "trajectories", "tasks")

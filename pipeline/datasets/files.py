@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.datasets.pairs import USED
-from pipeline.records import TRAJECTORY_SCHEMA
-from pipeline.store import check_contract
+from pipeline.core.records import TRAJECTORY_SCHEMA
+from pipeline.core.store import check_contract
 
 READ_ROWS = 256  # rows decoded at once per file, the most a run holds back of each (1024: 120 MB more)
 ROW_GROUP_ROWS = 256  # rows per written row group: what `load_dataset(..., streaming=True)` holds at once

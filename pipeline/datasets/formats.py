@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from pipeline.schema import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
+from pipeline.core.schema import BOOL, FLOAT, INT, STR, TURN_IDS, columns, record_schema
 
 CALL_TYPE = pa.struct([pa.field("id", STR), pa.field("type", STR),
                        pa.field("function", pa.struct([pa.field("name", STR), pa.field("arguments", STR)]))])

@@ -16,8 +16,8 @@ import polars as pl
 from pipeline.datasets.formats import chat, mentions
 from pipeline.datasets.guided import failed_checks
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
-from pipeline.layout import PROBE_SUFFIX
-from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
+from pipeline.core.layout import PROBE_SUFFIX
+from pipeline.core.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
 if TYPE_CHECKING:
     from pipeline.datasets.config import DatasetConfig

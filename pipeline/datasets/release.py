@@ -61,7 +61,7 @@ class Provenance:
     repo_id: str = ""
     """The Hub repo it will be published to, for the card's loading line; '' shows a placeholder."""
     lineage: tuple[Mapping[str, str], ...] = ()
-    """Each batch's round (pipeline.round_report.lineage_rows): the policy that rolled it out, the training run and
+    """Each batch's round (pipeline.rollouts.round_report.lineage_rows): the policy that rolled it out, the training run and
     dataset that made that policy, what it solved without guidance."""
     rounds_window: int = 1
     """training.rounds_window: the rounds whose rows a training run trains on."""

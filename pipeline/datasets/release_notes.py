@@ -54,7 +54,7 @@ class Release:
     empty when its tasks carried no certificate column (a release before certificates)."""
     lineage: tuple[dict[str, str], ...] = ()
     """Each batch's round: which policy rolled it out, the training run and dataset that made it, what it solved
-    without guidance (column -> text, pipeline.round_report.lineage_rows); empty before rounds were recorded."""
+    without guidance (column -> text, pipeline.rollouts.round_report.lineage_rows); empty before rounds were recorded."""
     rounds_window: int = 1
     """training.rounds_window when it was made: the rounds whose rows a training run trains on (1: its own,
     on-policy; 0: every batch's)."""

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 
 SPLIT_SALT = "handhold-split:"  # changing it moves every task: never change it
 HEURISTIC = "heuristic: ceil(characters / 4) + 4 per message (no tokenizer set)"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from pipeline.guidance.expert import expert_actions
-from pipeline.records import Task, Trajectory
-from pipeline.vocab import HINT_HEADER
+from pipeline.core.records import Task, Trajectory
+from pipeline.core.vocab import HINT_HEADER
 
 # ActGuide's own wording (append-hint mode), kept verbatim, typo included, so that prompts
 # match those its models were trained with.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 
 HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$")
 

@@ -12,7 +12,7 @@ from string import Template
 from pipeline.guidance.expert import patch_edits
 from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, describe_change,
                                             enclosing_function)
-from pipeline.records import Task, Trajectory
+from pipeline.core.records import Task, Trajectory
 
 ATTEMPT_CHARS = 6000
 """Characters of each failed attempt the LLM teacher is shown (whole attempts: `ATTEMPT_CHARS * attempts`)."""

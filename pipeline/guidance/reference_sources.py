@@ -20,8 +20,8 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.guidance.actions import REFERENCE_SOURCES, Reference, call_actions
-from pipeline.layout import Layout
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, GuidancePlan
+from pipeline.core.layout import Layout
+from pipeline.core.records import GUIDANCE_PLAN_SCHEMA, GuidancePlan
 
 ACTION_CHOSEN = "guided:action"
 """The `chosen_source` of a DPO row whose chosen attempt had action guidance (a guided attempt or a probe)."""

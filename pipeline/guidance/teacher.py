@@ -21,8 +21,8 @@ from pipeline.guidance.expert import patch_edits
 from pipeline.guidance.hindsight import hindsight_prompt, parse_hindsight_answer, rule_hindsight
 from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, combined_guidance,
                                             describe_change, enclosing_function, tool_messages)
-from pipeline.records import Task, Trajectory
-from pipeline.vocab import RLVR_PARTS
+from pipeline.core.records import Task, Trajectory
+from pipeline.core.vocab import RLVR_PARTS
 
 __all__ = ["LLMTeacher", "RuleTeacher", "Teacher", "TeacherError", "TeacherGuidance", "flag_leaks", "leaks_patch"]
 

@@ -7,8 +7,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from pipeline.records import Task, Trajectory
-from pipeline.vocab import RLVR_PARTS, TeacherKind
+from pipeline.core.records import Task, Trajectory
+from pipeline.core.vocab import RLVR_PARTS, TeacherKind
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ COMBINED_TITLE = "plan, environment feedback and environment interaction"
 
 def combined_guidance(parts: list[TeacherGuidance]) -> TeacherGuidance:
     """Agent-RLVR's three parts of one teacher answer as one guidance, each under its heading; it carries that
-    answer's call tokens like the parts do (no call of its own: pipeline/costs.py shares the call among them)."""
+    answer's call tokens like the parts do (no call of its own: pipeline/rollouts/costs.py shares the call among them)."""
     by_kind = {g.kind: g for g in parts}
     missing = [k for k in RLVR_PARTS if k not in by_kind]
     if missing:

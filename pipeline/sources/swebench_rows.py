@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from pipeline.records import RejectedTask, Task
+from pipeline.core.records import RejectedTask, Task
 from pipeline.sources.harness_specs import spec_repos
 from pipeline.sources.task_rows import NO_SPEC, SOURCE_KINDS, TaskRowError, instance_id_of, task_from_row
 from pipeline.tasks import decontam

@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.sources.harness_specs import (SWE_GYM_NAMESPACE, SWE_GYM_REPOS, eval_script_test_cmd,
                                             harness_test_cmd, repo_parsers, resolve_log_parser, spec_repos,
                                             swe_gym_image, swebench_image)

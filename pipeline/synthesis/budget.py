@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from pipeline.records import RejectedTask
+from pipeline.core.records import RejectedTask
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.synth_config import SynthConfig, SynthReport
 

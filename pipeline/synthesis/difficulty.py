@@ -8,7 +8,7 @@ import subprocess
 from collections import Counter
 from statistics import mean
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 
 
 def patch_size(patch: str) -> tuple[int, int]:

@@ -34,8 +34,8 @@ from pathlib import Path
 import docker
 
 from pipeline.agent.policy import Policy
-from pipeline.records import TASK_SCHEMA, RejectedTask, Task
-from pipeline.store import write_rows
+from pipeline.core.records import TASK_SCHEMA, RejectedTask, Task
+from pipeline.core.store import write_rows
 from pipeline.synthesis import combine as combined
 from pipeline.synthesis.budget import budget_note, over_budget
 from pipeline.synthesis.bug_runs import try_candidate

@@ -10,8 +10,8 @@ from typing import Annotated
 
 from annotated_types import Ge
 
-from pipeline.records import RejectedTask
-from pipeline.setting_ranges import Count, CountOrZero, Fraction, NonNegative, Seconds, Seed
+from pipeline.core.records import RejectedTask
+from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, NonNegative, Seconds, Seed
 from pipeline.synthesis.difficulty import summary
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, package_specs
 from pipeline.tasks.stage_clock import StageClock

@@ -6,8 +6,8 @@ import hashlib
 from pathlib import Path
 
 from pipeline.agent.policy import Policy
-from pipeline.records import Task
-from pipeline.store import read_rows
+from pipeline.core.records import Task
+from pipeline.core.store import read_rows
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.statements import TEMPLATES_VERSION
 from pipeline.synthesis.synth_config import SynthConfig

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from unidiff import PatchSet
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.tasks.copies import copy_by_name
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError

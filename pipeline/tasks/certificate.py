@@ -23,9 +23,9 @@ from typing import Iterable, Mapping
 import polars as pl
 import pyarrow.parquet as pq
 
-from pipeline.records import TASK_SCHEMA, Task
-from pipeline.schema import schema_record, schema_version
-from pipeline.store import read_records, read_rows
+from pipeline.core.records import TASK_SCHEMA, Task
+from pipeline.core.schema import schema_record, schema_version
+from pipeline.core.store import read_records, read_rows
 from pipeline.tasks.test_order import shuffle_seed, shuffled_command
 
 UNCERTIFIED = "uncertified:"
@@ -34,7 +34,7 @@ CERTIFICATE_COLUMNS = ("instance_id", "certified", "certificate_problem")
 """The exported tasks table's columns a card reads (`with_certified` adds the last two)."""
 FIELDS = ("certificate_containers", "certificate_gold_resolved", "certificate_empty_failed", "certificate_orders",
           "certificate_gold_seconds", "certificate_empty_seconds")
-"""The task row's certificate columns (pipeline/records.py `Task`)."""
+"""The task row's certificate columns (pipeline/core/records.py `Task`)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def certificate_summary(frame: pl.DataFrame | None) -> dict:
 def task_rows(path, produced_by: str = "") -> list[dict]:
     """The rows of a stored task file: of this task schema (its contract checked), or of schema 1, written before
     certificates, read as rows without one (`Task.from_row` leaves them uncertified: validated again, they get
-    one). Any other contract is refused naming the asset to rematerialize (pipeline/store.py)."""
+    one). Any other contract is refused naming the asset to rematerialize (pipeline/core/store.py)."""
     found = pq.read_schema(path)
     if schema_record(found) == "Task" and schema_version(found) == "1":
         return read_rows(path)

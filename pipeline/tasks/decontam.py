@@ -20,7 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Literal, get_args
 
-from pipeline.records import RejectedTask, Task
+from pipeline.core.records import RejectedTask, Task
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from typing import Iterable, Mapping
 
 import polars as pl
 
-from pipeline.records import Trajectory
-from pipeline.schema import fields_of, record_schema
-from pipeline.setting_ranges import Count
-from pipeline.store import read_records, write_rows
+from pipeline.core.records import Trajectory
+from pipeline.core.schema import fields_of, record_schema
+from pipeline.core.setting_ranges import Count
+from pipeline.core.store import read_records, write_rows
 
 REASONS = ("gold_stopped_resolving", "empty_patch_passes", "tests_disagree")
 """Why a task is quarantined, in the order a record is read for them."""

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docker.errors
 
-from pipeline.records import RejectedTask, Task
+from pipeline.core.records import RejectedTask, Task
 from pipeline.tasks.certificate import ContainerPlan, GradedContainer, certificate_fields, container_plans
 from pipeline.tasks.flakiness import TaskRecheck, validation_record
 from pipeline.tasks.stage_clock import StageClock

@@ -3,5 +3,5 @@ shell in `steps`), the pytest plugin that signs each test's outcome (`pytest_gua
 back (`junit`) and the static flags on a patch (`guard`).
 
 It sits below everything that grades (synthesis, rollouts, guidance, evaluation) and imports only
-`pipeline.records` and the `sandbox` package.
+`pipeline.core.records` and the `sandbox` package.
 """

@@ -15,7 +15,7 @@ import threading
 from dataclasses import replace
 from typing import Callable
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from sandbox.base import SandboxSpec
 
 _GRADES: dict[tuple, tuple] = {}  # key -> (factory, the empty patch's grade), per process

@@ -14,7 +14,7 @@ from typing import Callable, ContextManager, Iterator, Mapping
 import docker.errors
 from unidiff import PatchSet
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.history import already_pruned_command, only_reachable_command, pruned_image

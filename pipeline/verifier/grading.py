@@ -38,7 +38,7 @@ from typing import Literal
 import docker.errors
 from swebench.types import TestSpec
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.verifier.empty_patch import graded_once
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 
 TEST_DIRS = {"test", "tests", "testing"}
 # Files pytest reads for its configuration, or Python loads before any test: a change can fake a pass.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import shlex
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from pipeline.verifier.environment import pristine
 from pipeline.verifier.pytest_log import PY_COLORS, SUMMARY_PARSER, neutral_addopts, report_plugins
 from sandbox.base import Sandbox

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from swebench.harness.constants import END_TEST_OUTPUT, TEST_EXIT_CODE
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from sandbox.base import Sandbox
 from tests.redteam.tree import run, tree_patch, with_gold
 

@@ -7,7 +7,7 @@ import shlex
 
 from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 from sandbox.base import Sandbox
 
 GIT = "git -c safe.directory='*' -c core.quotepath=off"

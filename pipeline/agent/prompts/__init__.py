@@ -6,7 +6,7 @@ from functools import cache
 from importlib.resources import files
 from string import Template
 
-from pipeline.records import Task
+from pipeline.core.records import Task
 
 
 @cache

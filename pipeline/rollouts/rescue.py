@@ -19,13 +19,13 @@ from pipeline.guidance.actions import Reference, action_hint, linear_prefix, loa
 from pipeline.guidance.reference_sources import capped_references
 from pipeline.guidance.references import hint_leaks_gold
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, Teacher, flag_leaks
-# Guidance and GuidancePlan live in pipeline.records; they stay importable from here.
-from pipeline.layout import probe_batch
-from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
-from pipeline.rollouts import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
-from pipeline.setting_ranges import Count, Fraction
+# Guidance and GuidancePlan live in pipeline.core.records; they stay importable from here.
+from pipeline.core.layout import probe_batch
+from pipeline.core.records import Guidance, GuidancePlan, Task, Trajectory
+from pipeline.rollouts.batch import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
+from pipeline.core.setting_ranges import Count, Fraction
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
-from pipeline.vocab import GUIDANCE_KINDS, RLVR_KINDS, GuidanceKind
+from pipeline.core.vocab import GUIDANCE_KINDS, RLVR_KINDS, GuidanceKind
 
 log = logging.getLogger(__name__)
 

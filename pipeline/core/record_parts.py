@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.schema import fields_of, record_schema
+from pipeline.core.schema import fields_of, record_schema
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ POOL = "sandboxes"  # the graph's one concurrency pool: steps that run Docker sa
 DEFAULT_POOL_LIMIT = 2  # steps of the pool at once, across runs: the cores of the machine it was sized on
 POOL_LIMIT_ENV = "HANDHOLD_SANDBOX_POOL_LIMIT"
 MARK = "# Written by handhold"
-DAGSTER_YAML = MARK + """ (pipeline/instance.py), which rewrites it: delete this line to keep your own edits.
+DAGSTER_YAML = MARK + """ (assets/instance.py), which rewrites it: delete this line to keep your own edits.
 # Pipeline logs show in the Dagster UI; no telemetry.
 python_logs:
   managed_python_loggers: [pipeline, sandbox, training]

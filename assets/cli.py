@@ -13,9 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
-from pipeline.config_tree import SettingsError
-from pipeline.instance import UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags, release_dead_runs
-from pipeline.status import headline, run_status
+from pipeline.core.config_tree import SettingsError
+from assets.instance import UsageError, ensure_dagster_home, instance_with_pool_limit, owner_tags, release_dead_runs
+from assets.status import headline, run_status
 
 DEFAULT_CONFIG = "configs/default.yaml"
 SELECTION_HELP = "a Dagster asset selection, e.g. 'key:tasks+', 'key:tasks or key:guidance', 'group:datasets'"
@@ -23,7 +23,7 @@ SELECTION_HELP = "a Dagster asset selection, e.g. 'key:tasks+', 'key:tasks or ke
 
 def run_config(config_file: str | None, pairs: list[str]) -> dict:
     """Run config for the `settings` resource: a YAML experiment file, then `dotted.key=value` overrides."""
-    from pipeline.settings import SettingsError, read_settings, with_overrides
+    from assets.settings import SettingsError, read_settings, with_overrides
 
     try:
         data = read_settings(config_file) if config_file else {}
@@ -173,7 +173,7 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 # The demo's next round: the next batch rolled out by the checkpoint the first round trained, on 2 tasks (those that
-# needed guidance in the first come first: pipeline/rounds.py); then every batch's rows exported and that stage
+# needed guidance in the first come first: pipeline/rollouts/rounds.py); then every batch's rows exported and that stage
 # trained on from the checkpoint. The round's rescue (guidance, guided rollouts), the other stages and the evaluation
 # are left out to keep the demo under 10 minutes. The tiny checkpoint solves nothing, so its batch adds no row to
 # train on: it trains on both rounds' rows (training.rounds_window=2).
@@ -185,9 +185,9 @@ def run_demo(args: argparse.Namespace) -> int:
     """The whole graph with the default experiment, every asset's metadata printed; with `policy.from_stage` set and
     its checkpoint made, the next round (`DEMO_ROUND`); then every round's lineage."""
     from assets.partitions import batch_key
-    from pipeline.layout import Layout
-    from pipeline.round_report import lineage, lineage_markdown
-    from pipeline.settings import HandholdConfig, from_mapping
+    from pipeline.core.layout import Layout
+    from pipeline.rollouts.round_report import lineage, lineage_markdown
+    from assets.settings import HandholdConfig, from_mapping
 
     config = run_config(args.config, args.set)
     values = from_mapping(HandholdConfig, config["resources"]["settings"]["config"] if config else {}, "the demo")
@@ -203,13 +203,13 @@ def run_demo(args: argparse.Namespace) -> int:
           f"then its rows exported and {stage} trained on from that checkpoint", flush=True)
     code = run_selection("key:unguided_rollouts", args.config, pairs, full=True) or code
     code = run_selection(f"{DEMO_ROUND_ROWS} or key:{stage}_model", args.config, pairs, full=True) or code
-    print(f"\nRounds (pipeline/rounds.py):\n{lineage_markdown(lineage(layout))}")
+    print(f"\nRounds (pipeline/rollouts/rounds.py):\n{lineage_markdown(lineage(layout))}")
     return code
 
 
 def run_show_config(args: argparse.Namespace) -> int:
     """Print (or write) the documented settings of a YAML file with --set applied, all fields included."""
-    from pipeline.settings import HandholdConfig, documented_yaml, from_mapping
+    from assets.settings import HandholdConfig, documented_yaml, from_mapping
 
     values = run_config(args.config, args.set)
     config = from_mapping(HandholdConfig, values["resources"]["settings"]["config"] if values else {},

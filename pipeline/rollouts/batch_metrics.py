@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.records import Trajectory
-from pipeline.vocab import CRASHED
+from pipeline.core.records import Trajectory
+from pipeline.core.vocab import CRASHED
 
 
 @dataclass

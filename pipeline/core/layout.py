@@ -5,7 +5,7 @@ of the stored tables. Nothing else names a folder of the data folder.
     sources/dataset_tasks.parquet             public dataset rows read (task_sources), and their rejects
     tasks/tasks.parquet                       validated tasks, their rejects, the synthesis report
     trajectories/{unguided,guided}/<batch>/   one batch's attempts (trajectories.parquet, shards/); unguided/<batch>/
-                                              round.json: the policy that rolled the batch out (pipeline/rounds.py)
+                                              round.json: the policy that rolled the batch out (pipeline/rollouts/rounds.py)
     trajectories/probes/<batch>/<task>/       the action-prefix search's probes, stored as batch <batch>-probes
     guidance/<batch>/guidance.parquet         the rescue's plans
     datasets/rows/, datasets/hf/              the built rows per kind and batch; the exported dataset
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Task, Trajectory
-from pipeline.store import read_batch, read_records, read_table
+from pipeline.core.records import GUIDANCE_PLAN_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA, GuidancePlan, Task, Trajectory
+from pipeline.core.store import read_batch, read_records, read_table
 
 ORIGINS = ("unguided", "guided", "probes")
 """The folders under trajectories/: attempts without guidance, with it, and the prefix search's probes."""

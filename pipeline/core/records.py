@@ -1,9 +1,9 @@
 """Persisted records and their Parquet schemas, each declared once.
 
 Every record is a frozen dataclass; its pyarrow schema is derived from the dataclass's fields in order
-(pipeline/schema.py `fields_of`: str, int, float, bool, tuples of str or of a nested record; an Optional
+(pipeline/core/schema.py `fields_of`: str, int, float, bool, tuples of str or of a nested record; an Optional
 field is nullable), with an explicit map for the few columns stored otherwise, and metadata naming the
-record and its `schema_version` (what `pipeline.store.read_records` checks). Lists of strings stay lists; free-form
+record and its `schema_version` (what `pipeline.core.store.read_records` checks). Lists of strings stay lists; free-form
 structures are JSON strings, because Arrow widens heterogeneous dicts into null-filled structs.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.record_parts import MESSAGE_TYPE, Action, Message, Step, actions_tuple
-from pipeline.schema import TURN_IDS, fields_of, flat, record_schema
-from pipeline.vocab import NO_GUIDANCE_KIND
+from pipeline.core.record_parts import MESSAGE_TYPE, Action, Message, Step, actions_tuple
+from pipeline.core.schema import TURN_IDS, fields_of, flat, record_schema
+from pipeline.core.vocab import NO_GUIDANCE_KIND
 
 TASK_SCHEMA_VERSION = "2"  # 2: the certificate columns (pipeline/tasks/certificate.py)
 
@@ -104,7 +104,7 @@ class Guidance:
     """What an attempt is shown beyond the task: nothing, a teacher's hint, or an action prefix."""
 
     kind: str = NO_GUIDANCE_KIND
-    """'none' (NO_GUIDANCE_KIND), or one of GUIDANCE_KINDS (pipeline/vocab.py)."""
+    """'none' (NO_GUIDANCE_KIND), or one of GUIDANCE_KINDS (pipeline/core/vocab.py)."""
     text: str = ""
     """Exactly what is added to the task prompt."""
     actions: tuple[Action, ...] = ()

@@ -25,16 +25,16 @@ import pyarrow as pa
 
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
 from pipeline.agent.policy import Policy, PolicyIdentity
-from pipeline.batch_metrics import BatchSummary, Progress
+from pipeline.rollouts.batch_metrics import BatchSummary, Progress
 from pipeline.guidance.references import quotes_guidance
-from pipeline.infra_streak import InfraStreak
-from pipeline.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
-from pipeline.sandbox_pool import PoolConfig, SandboxPool, batch_order
-from pipeline.setting_ranges import Count, CountOrZero, Fraction, Seconds, Seed
-from pipeline.store import RecordContractError, compact, read_batch, set_aside, write_rows
+from pipeline.rollouts.infra_streak import InfraStreak
+from pipeline.core.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
+from pipeline.rollouts.sandbox_pool import PoolConfig, SandboxPool, batch_order
+from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, Seconds, Seed
+from pipeline.core.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
-from pipeline.vocab import CRASHED
+from pipeline.core.vocab import CRASHED
 from sandbox.base import SandboxError, SandboxSpec
 from sandbox.reaper import reap_orphans
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pipeline.layout import Layout
-from pipeline.records import GuidancePlan, Trajectory
-from pipeline.setting_ranges import NonNegative
-from pipeline.store import RecordContractError
-from pipeline.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
+from pipeline.core.layout import Layout
+from pipeline.core.records import GuidancePlan, Trajectory
+from pipeline.core.setting_ranges import NonNegative
+from pipeline.core.store import RecordContractError
+from pipeline.core.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from pipeline.agent.tools import execute
-from pipeline.records import GuidancePlan, Task, Trajectory
+from pipeline.core.records import GuidancePlan, Task, Trajectory
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
 

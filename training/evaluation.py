@@ -31,10 +31,10 @@ from typing import Callable
 
 from pipeline.agent.identity import WEIGHT_SUFFIXES, weights_revision
 from pipeline.agent.policy import Policy
-from pipeline.costs import CostConfig, attempt_cost
+from pipeline.rollouts.costs import CostConfig, attempt_cost
 from pipeline.datasets.splits import split_group, task_split
-from pipeline.records import Task, Trajectory
-from pipeline.rollouts import RolloutConfig, plan_jobs, run_batch
+from pipeline.core.records import Task, Trajectory
+from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import task_sandbox
 from training.config import EvaluationConfig
 

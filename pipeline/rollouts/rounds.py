@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pipeline.agent.factory import PolicySpec
 from pipeline.agent.identity import weights_revision
-from pipeline.config_tree import SettingsError, from_mapping
-from pipeline.layout import Layout
+from pipeline.core.config_tree import SettingsError, from_mapping
+from pipeline.core.layout import Layout
 
 ROUND_VERSION = "1"
 

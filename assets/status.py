@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 
-from pipeline.instance import POOL, ensure_dagster_home, instance_with_pool_limit, release_dead_runs
+from assets.instance import POOL, ensure_dagster_home, instance_with_pool_limit, release_dead_runs
 
 
 def headline(metadata: dict, most: int = 6) -> str:

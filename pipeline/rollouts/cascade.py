@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.agent.policy import Policy
-from pipeline.batch_metrics import BatchSummary
-from pipeline.costs import CostConfig, attempt_cost
-from pipeline.records import Guidance, GuidancePlan, Task, Trajectory
-from pipeline.rescue import GuidanceConfig, guided_guidance, guided_jobs
-from pipeline.rollouts import RolloutConfig, run_batch
+from pipeline.rollouts.batch_metrics import BatchSummary
+from pipeline.rollouts.costs import CostConfig, attempt_cost
+from pipeline.core.records import Guidance, GuidancePlan, Task, Trajectory
+from pipeline.rollouts.rescue import GuidanceConfig, guided_guidance, guided_jobs
+from pipeline.rollouts.batch import RolloutConfig, run_batch
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 
 SAVING_COLUMNS = ("family", "groups_run", "groups_skipped", "attempts_saved", "tokens_saved", "sandbox_s_saved",

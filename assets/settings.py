@@ -16,14 +16,14 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.agent.factory import PolicySpec
-from pipeline.config_tree import (SettingsError, default_of, field_docs, field_ranges, field_types,  # noqa: F401
+from pipeline.core.config_tree import (SettingsError, default_of, field_docs, field_ranges, field_types,  # noqa: F401
                                   from_mapping, json_copy, to_mapping)
-from pipeline.costs import CostConfig
+from pipeline.rollouts.costs import CostConfig
 from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.publish import PublishConfig
-from pipeline.rescue import GuidanceConfig
-from pipeline.rollouts import RolloutConfig
-from pipeline.setting_ranges import CountOrZero
+from pipeline.rollouts.rescue import GuidanceConfig
+from pipeline.rollouts.batch import RolloutConfig
+from pipeline.core.setting_ranges import CountOrZero
 from pipeline.synthesis.synth import SynthConfig
 from pipeline.tasks.flakiness import QuarantineConfig
 from sandbox.images import BaseImageConfig

@@ -14,8 +14,8 @@ import threading
 from concurrent.futures import Executor, as_completed
 from typing import Callable, Iterator, TypeVar
 
-from pipeline.records import Trajectory
-from pipeline.vocab import CRASHED
+from pipeline.core.records import Trajectory
+from pipeline.core.vocab import CRASHED
 
 J = TypeVar("J")
 

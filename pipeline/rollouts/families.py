@@ -1,4 +1,4 @@
-"""The guidance families (pipeline/vocab.py GUIDANCE_KINDS: Agent-RLVR's three parts, them combined in one prompt,
+"""The guidance families (pipeline/core/vocab.py GUIDANCE_KINDS: Agent-RLVR's three parts, them combined in one prompt,
 hindsight, action prefixes) head to head on the same failed groups: per family, the groups it was tried on,
 those it rescued, the guided pass rate, k*/K for action guidance, and the guidance set aside (leaking the
 gold patch, or the teacher's failure)."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pipeline.pictures import bar_chart_png, markdown_image
-from pipeline.records import GuidancePlan, Trajectory
-from pipeline.vocab import GUIDANCE_KINDS
+from pipeline.core.pictures import bar_chart_png, markdown_image
+from pipeline.core.records import GuidancePlan, Trajectory
+from pipeline.core.vocab import GUIDANCE_KINDS
 
 HEAD_TO_HEAD = ("origin", "groups_tried", "groups_rescued", "attempts", "pass_rate", "policy_tokens", "teacher_tokens",
                 "cost", "cost_per_resolved_task")
@@ -55,7 +55,7 @@ def family_chart(rows: list[dict]) -> str:
 
 
 def head_to_head(families: list[dict], costs: list[dict]) -> list[dict]:
-    """The families' rows joined with their cost rows (pipeline/costs.py cost_rows), unguided attempts first:
+    """The families' rows joined with their cost rows (pipeline/rollouts/costs.py cost_rows), unguided attempts first:
     what each origin rescued and what that cost (tokens, money, per task resolved)."""
     by_family = {r["family"]: r for r in families}
     rows = []

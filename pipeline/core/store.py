@@ -12,8 +12,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.records import TRAJECTORY_SCHEMA, Trajectory
-from pipeline.schema import schema_record, schema_version
+from pipeline.core.records import TRAJECTORY_SCHEMA, Trajectory
+from pipeline.core.schema import schema_record, schema_version
 
 
 class RecordContractError(ValueError):

@@ -3,7 +3,7 @@
 
 The bounds are annotated_types' markers (`Ge`, `Gt`, `Le`, `Lt`, `Interval`: PEP 593 metadata, which pydantic
 reads too, and which `sandbox`, below `pipeline`, uses without importing it); `Also` adds sentinel values outside
-them. To everything else the field is still a plain int. pipeline/config_tree.py checks the range whenever
+them. To everything else the field is still a plain int. pipeline/core/config_tree.py checks the range whenever
 settings load (a YAML file, `--set`, the launchpad's run config, the training subprocess's settings) and
 `handhold config` prints it; tests/test_setting_ranges.py fails for a numeric setting declared without one.
 """

@@ -23,8 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ContextManager, Hashable, Iterator
 
-from pipeline.records import Task
-from pipeline.setting_ranges import CountOrZero, Seconds
+from pipeline.core.records import Task
+from pipeline.core.setting_ranges import CountOrZero, Seconds
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from sandbox.base import Sandbox, SandboxError, SandboxSpec
 

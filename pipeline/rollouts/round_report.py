@@ -1,15 +1,15 @@
 """What the loop achieved, per round: of a batch's tasks that needed guidance in an earlier batch (an unguided group
 none of whose graded attempts succeeded), those the batch's policy now solves without guidance; and the lineage of
-every round, as the rollouts' metadata, the dataset card and `handhold status` show it (pipeline/rounds.py)."""
+every round, as the rollouts' metadata, the dataset card and `handhold status` show it (pipeline/rollouts/rounds.py)."""
 
 from __future__ import annotations
 
 import polars as pl
 
-from pipeline.layout import Layout
-from pipeline.records import Trajectory
-from pipeline.rescue import failed_groups
-from pipeline.rounds import RoundOutcome, RoundRecord, read_round
+from pipeline.core.layout import Layout
+from pipeline.core.records import Trajectory
+from pipeline.rollouts.rescue import failed_groups
+from pipeline.rollouts.rounds import RoundOutcome, RoundRecord, read_round
 
 
 def needed_guidance_before(layout: Layout, batch: str, delta: float) -> set[str]:

@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal
 
-from pipeline.setting_ranges import out_of_range, range_of
+from pipeline.core.setting_ranges import out_of_range, range_of
 
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # what float() reads, but no nan or inf
 
@@ -43,7 +43,7 @@ def field_types(cls: type, extras: bool = False) -> dict[str, Any]:
 
 
 def field_ranges(cls: type) -> dict[str, Any]:
-    """The Range each numeric field of a dataclass declares (pipeline/setting_ranges.py); None for none."""
+    """The Range each numeric field of a dataclass declares (pipeline/core/setting_ranges.py); None for none."""
     return {name: range_of(kind) for name, kind in field_types(cls, extras=True).items()}
 
 
