@@ -19,6 +19,7 @@ from pipeline.core.records import TRAJECTORY_SCHEMA, RejectedTask, Task, Traject
 from pipeline.tasks.flakiness import (QuarantineConfig, TaskRecheck, quarantined, read_rechecks, reason,
                                        record_rechecks)
 from pipeline.core.store import RecordContractError, read_records
+from pipeline.verifier.rules import GradeRules
 
 ROLLOUT_CHECKS = {
     "trajectory_schema": "The stored batch reads back at the current trajectory schema version.",
@@ -64,13 +65,13 @@ TASK_CHECK = dg.AssetCheckSpec("tasks_validate", asset="tasks", blocking=True,
 
 
 def task_check(tasks: list[Task], sample: int, rechecks: Path, run_id: str, config: QuarantineConfig,
-               seed: int = 0) -> dg.AssetCheckResult:
+               rules: GradeRules, seed: int = 0) -> dg.AssetCheckResult:
     """Re-validate up to `sample` stored tasks (picked at random, seeded), `config.recheck_runs` gold grades
     each, record every verdict under `rechecks`; fails on a sandbox fault or a failing task left admitted."""
     from pipeline.tasks.validate import recheck_tasks
 
     picked = random.Random(seed).sample(tasks, min(sample, len(tasks)))
-    results = recheck_tasks(picked, run_id, config.recheck_runs)
+    results = recheck_tasks(picked, run_id, rules, config.recheck_runs)
     records = [r for r in results if isinstance(r, TaskRecheck)]
     record_rechecks(rechecks, run_id, "tasks_validate", records)
     held = quarantined(read_rechecks(rechecks), config.readmit)

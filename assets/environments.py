@@ -94,10 +94,11 @@ def dataset_tasks(settings: HandholdSettings, rows: list[Task], workers: int, ce
     store.mkdir(exist_ok=True)
     rejects, validated = [], 0
     if rows:
-        key = [TASK_SCHEMA_VERSION, certify_runs, *(t.to_row() for t in rows)]
+        rules = settings.resolved().rollout.grade_rules()  # validated under other rules: validated again
+        key = [TASK_SCHEMA_VERSION, certify_runs, dataclasses.asdict(rules), *(t.to_row() for t in rows)]
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         if not (store / f"{digest}.parquet").exists():
-            checked, rejects = check_tasks(rows, workers=workers, certify_runs=certify_runs)
+            checked, rejects = check_tasks(rows, rules, workers=workers, certify_runs=certify_runs)
             validated = len(rows)
             write_rows(store / f"{digest}.parquet", [t.to_row() for t in checked], TASK_SCHEMA)
     by_id = {}
@@ -115,7 +116,7 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
     rows = layout.read_dataset_tasks()  # before the synthesis: a missing task_sources fails in a second, not after it
     writer = teacher_client(config.guidance, credentials.key("teacher"))  # writes problem statements, if an LLM
     synthesized, report = synthesize(config.synth, config.base_image.tag, layout.cache(), docker_client(),
-                                     statement_writer=writer)
+                                     rules=config.rollout.grade_rules(), statement_writer=writer)
     synthesized, overlapping = decontaminate(synthesized, config.sources.decontaminate, config.sources.eval_benchmarks)
     checked, dataset_rejects, validated = dataset_tasks(settings, rows, config.synth.workers, config.synth.certify_runs)
     all_tasks, rejects = synthesized + checked, report.rejects + overlapping + dataset_rejects
@@ -125,7 +126,8 @@ def tasks(context: dg.AssetExecutionContext, settings: HandholdSettings,
         context.log.warning(f"set aside {reject.item} at {reject.stage}: {reject.reason[:300]}")
     stats = report.as_json()
     layout.synth_report().write_text(json.dumps(stats, indent=1))
-    validation = task_check(all_tasks, config.recheck_tasks, layout.rechecks(), context.run_id, config.quarantine)
+    validation = task_check(all_tasks, config.recheck_tasks, layout.rechecks(), context.run_id, config.quarantine,
+                            config.rollout.grade_rules())
     held = quarantined(read_rechecks(layout.rechecks()), config.quarantine.readmit)
     unsure = uncertified(all_tasks, config.synth.certify_runs)  # a release leaves these out
     return dg.MaterializeResult(metadata={

@@ -47,7 +47,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
             context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
     probes = layout.read_probes(batch)
     return dg.MaterializeResult(metadata={
-        **reference_checks(plans, probes, tasks),
+        **reference_checks(plans, probes, tasks, settings.resolved().rollout.grade_rules()),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
         "quarantined_skipped": len(held.keys() & {t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
@@ -72,7 +72,7 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
     summary, cascade = guided_batch(tasks, plans, policy, config.rollout, config.guidance, out, batch,
                                     progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
-    invariants = batch_invariants(guided, tasks)
+    invariants = batch_invariants(guided, tasks, config.rollout.grade_rules())
     graded = rollout_records(guided, invariants["regrade_mismatch_rows"], batch)  # quarantines from the next batch
     record_rechecks(layout.rechecks(), batch, "guided_rollouts", graded)
     probes = layout.read_probes(batch)

@@ -87,7 +87,7 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
     summary = run_batch(jobs, policy, config.rollout, out, batch, progress=context.log.info)
     record = finish_round(layout, record, round_outcome(layout, batch, summary.trajectories, config.guidance.delta))
     metrics = summary.metrics()
-    invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks})
+    invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks}, config.rollout.grade_rules())
     records = rollout_records(summary.trajectories, invariants["regrade_mismatch_rows"], batch)
     record_rechecks(settings.layout().rechecks(), batch, "rollouts", records)
     return dg.MaterializeResult(metadata={

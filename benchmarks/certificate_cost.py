@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pipeline.rollouts.batch import RolloutConfig
 from pipeline.synthesis.synth import SynthConfig, synthesize
 from sandbox.images import docker_client, ensure_base_image
 
@@ -28,7 +29,7 @@ def one_side(runs: int, args, base: str, client, folder: Path) -> dict:
     shutil.rmtree(cache, ignore_errors=True)
     shutil.copytree(args.cache, cache, ignore=shutil.ignore_patterns("tasks", "locks"))
     config = SynthConfig(packages=tuple(args.packages.split(",")), tasks_per_package=args.tasks, certify_runs=runs)
-    tasks, report = synthesize(config, base, cache, client)
+    tasks, report = synthesize(config, base, cache, client, rules=RolloutConfig().grade_rules())
     stats = report.as_json()
     return {"tasks": len(tasks), "seconds": stats["seconds"], "breakdown": stats["breakdown"],
             "certified": sum(t.certificate_gold_resolved == t.certificate_containers == t.certificate_empty_failed

@@ -42,7 +42,7 @@ def tasks_and_rows(out: Path, rollouts: int):
         (out / "cache").mkdir(parents=True, exist_ok=True)
         tasks, _ = synthesize(SynthConfig(packages=(DEFAULT_PACKAGES[0].name,), tasks_per_package=3,
                                           candidates_per_package=30), ensure_base_image(client=client),
-                              out / "cache", client)
+                              out / "cache", client, rules=RolloutConfig().grade_rules())
         saved.write_bytes(pickle.dumps(tasks))
     policy = HeuristicPolicy()
     config = RolloutConfig(attempts=1, workers=2, agent=AgentConfig(max_steps=30))

@@ -28,12 +28,17 @@ try:
     from pipeline.verifier.grading import grade
 except ModuleNotFoundError:  # a tree from before pipeline/verifier/ (the default baseline)
     from pipeline.grading import grade
+try:  # a tree whose grades take their rules as one value (GradeRules)
+    from pipeline.rollouts.batch import RolloutConfig
+    RULES = (RolloutConfig().grade_rules(),)
+except (ModuleNotFoundError, AttributeError):
+    RULES = ()
 out = {}
 for row in read_rows(sys.argv[2]):
     task, times = Task.from_row(row), []
     for _ in range(int(sys.argv[3])):
         start = time.perf_counter()
-        verdict = grade(task, task.patch)
+        verdict = grade(task, task.patch, *RULES)
         assert verdict.resolved, (task.instance_id, verdict.reason)
         times.append(time.perf_counter() - start)
     out[task.instance_id] = times
@@ -45,6 +50,7 @@ def one_task_per_package(cache: Path) -> list:
     """A validated task of each built-in package (synthesized once; cached under `cache`)."""
     sys.path.insert(0, str(ROOT))
     from pipeline.synthesis.packages import DEFAULT_PACKAGES
+    from pipeline.rollouts.batch import RolloutConfig
     from pipeline.synthesis.synth import SynthConfig, synthesize
     from sandbox.images import docker_client, ensure_base_image
 
@@ -53,7 +59,7 @@ def one_task_per_package(cache: Path) -> list:
     tasks = []
     for spec in DEFAULT_PACKAGES:
         found, _ = synthesize(SynthConfig(packages=(spec.name,), tasks_per_package=1, candidates_per_package=20),
-                              base, cache, client)
+                              base, cache, client, rules=RolloutConfig().grade_rules())
         tasks += found[:1]
     return tasks
 

@@ -75,7 +75,7 @@ def run(tasks: list[Task], attempts: int, size: int) -> list[dict]:
             start = time.perf_counter()
             with timed(job.task, config.sandbox) as sandbox:
                 done = run_attempt(job.task, policy, sandbox, config.agent, seed=job.seed)
-            verdict = grade(job.task, done.patch, config.sandbox, config.test_timeout, sandboxes=timed,
+            verdict = grade(job.task, done.patch, config.grade_rules(), sandboxes=timed,
                             reuse_empty=False)  # every attempt graded, an empty patch too: the grader is measured
             wall = time.perf_counter() - start
             takes, backs = timed.pop()

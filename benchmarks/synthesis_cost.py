@@ -37,6 +37,11 @@ if (Path(sys.argv[1]) / "pipeline/synthesis").is_dir():
 else:  # a tree from before pipeline/synthesis/ (the baseline): the editable install would lend it this tree's
     from pipeline.tasks.packages import build_environment_image, package_specs
     from pipeline.tasks.synth import SynthConfig, synthesize
+try:  # a tree whose grades take their rules as one value (GradeRules)
+    from pipeline.rollouts.batch import RolloutConfig
+    RULES = {"rules": RolloutConfig().grade_rules()}
+except (ModuleNotFoundError, AttributeError):
+    RULES = {}
 from sandbox.images import docker_client, ensure_base_image
 client, cache = docker_client(), Path(sys.argv[2])
 config = SynthConfig(packages=tuple(sys.argv[3].split(",")), tasks_per_package=int(sys.argv[4]),
@@ -45,7 +50,7 @@ base, start = ensure_base_image(client=client), time.monotonic()
 for spec in package_specs(config.packages):  # what the environment_images asset does before `tasks`
     build_environment_image(spec, base, cache, client)
 environments = time.monotonic() - start
-tasks, report = synthesize(config, base, cache, client)
+tasks, report = synthesize(config, base, cache, client, **RULES)
 print(json.dumps({**report.as_json(), "environment_seconds": round(environments, 1)}))
 """
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     config = from_mapping(HandholdConfig, with_overrides(settings, args.set), "package_table")
     client = docker_client()
     base = ensure_base_image(config.base_image, client=client)
-    tasks, report = synthesize(config.synth, base, Path(args.cache), client)
+    tasks, report = synthesize(config.synth, base, Path(args.cache), client, rules=config.rollout.grade_rules())
     rows = table(args.packages, tasks, report)
     print(format_table(rows))
     if args.json:

@@ -8,6 +8,9 @@ import pickle
 import sys
 import threading
 from pathlib import Path
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 # Before anything loads torch's OpenMP: its threads sleep at a barrier instead of spinning. The suite's workers share
 # two cores, where a spinning thread burns the CPU its sibling waits for: three tiny-model training steps at once took
@@ -98,7 +101,7 @@ def synth_run(base_image, docker_client, shared_dir, synth_cache):
         if saved.exists():
             tasks, report = pickle.loads(saved.read_bytes())
         else:
-            tasks, report = synthesize(config, base_image, cache, docker_client)
+            tasks, report = synthesize(config, base_image, cache, docker_client, rules=RULES)
             with open(saved, "wb") as f:
                 _LocksAnew(f).dump((tasks, report))
     return tasks, report, config, cache

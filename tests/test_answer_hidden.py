@@ -17,6 +17,9 @@ from sandbox.docker_sandbox import DockerSandbox
 from sandbox.images import build_from_dockerfile
 
 from tests.conftest import TOOLZ
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 CALC = "".join(f"def f{i}(a, b):\n    total = a * {i}\n    total = total + b\n    return total\n\n\n" for i in range(6))
 CALC_BUG = CALC.replace("total = total + b", "total = total - b", 1)
@@ -140,7 +143,7 @@ def test_an_sdist_shipping_build_lib_and_backups_yields_an_image_without_them(sy
     spec = PackageSpec("shipsbuild", "1.0", ("tests",), ("shipsbuild/calc.py",))
     config = SynthConfig(packages=(), tasks_per_package=1, candidates_per_package=12, baseline_runs=1,
                          validation_runs=1, workers=1)
-    tasks, report = synthesize(config, base_image, cache, docker_client, specs=(spec,))
+    tasks, report = synthesize(config, base_image, cache, docker_client, specs=(spec,), rules=RULES)
     assert tasks, report.as_json()
     assert report.removed["shipsbuild-1.0"] == ["build/lib", "dist", "shipsbuild/calc.py.orig"]
     assert report.as_json()["per_package"]["shipsbuild-1.0"]["copies_removed"] == 3

@@ -163,10 +163,10 @@ def test_an_empty_patch_is_graded_once_per_task_and_a_regrade_runs_it_again(sand
                        sandboxes=counted)  # a later step of the same process: graded already
     assert second.metrics()["pool_takes"] == 3 and {t.test_log for t in second.trajectories} == {logs.pop()[2]}
     opened.clear()
-    regrade = grade(calc_task(), "", sandboxes=counted, reuse_empty=False)
+    regrade = grade(calc_task(), "", config.grade_rules(), sandboxes=counted, reuse_empty=False)
     assert len(opened) == 1 and regrade.reason == "tests_failed" and regrade.duration > 0
     elsewhere = LocalTaskSandboxes(repos={"local/calc": str(make_repo(tmp_path / "fixed"))})
-    settings = (config.sandbox, config.test_timeout)
+    settings = (config.grade_rules(),)
     assert known_grade(calc_task(), "", *settings, elsewhere) is None  # another factory: another environment
     assert known_grade(calc_task(), "\n", *settings, counted).log[-200:] == first.trajectories[0].test_log[-200:]
     assert known_grade(calc_task(), GOLD, *settings, counted) is None

@@ -24,6 +24,9 @@ from pipeline.tasks.certificate import certificate_problem, task_rows, uncertifi
 from pipeline.tasks.test_order import shuffled_command
 
 from tests.test_records import TASK
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 # A package whose `scale` feeds a registry that a second test of the same module reads: that test passes only
 # after the first ran (file order). `add` is tested on its own, in another file.
@@ -62,7 +65,7 @@ def orderdep_run(base_image, docker_client, synth_cache):
     spec = _sdist(synth_cache, "orderdep", "2.0", ORDERDEP)
     config = SynthConfig(packages=(), tasks_per_package=6, candidates_per_package=20, max_per_function=4,
                          certify_runs=3)
-    tasks, report = synthesize(config, base_image, synth_cache, docker_client, specs=(spec,))
+    tasks, report = synthesize(config, base_image, synth_cache, docker_client, specs=(spec,), rules=RULES)
     return tasks, report
 
 
@@ -121,7 +124,7 @@ def test_a_package_stops_at_its_budget_and_says_so(base_image, docker_client, sy
     spec = _sdist(synth_cache, "orderdep", "2.0", ORDERDEP)
     config = SynthConfig(packages=(), tasks_per_package=6, candidates_per_package=20, max_per_function=4,
                          package_budget=0.001, certify_runs=1)
-    tasks, report = synthesize(config, base_image, synth_cache, docker_client, specs=(spec,))
+    tasks, report = synthesize(config, base_image, synth_cache, docker_client, specs=(spec,), rules=RULES)
     counts = report.per_package["orderdep-2.0"]
     assert counts["budget_stopped"] == 1 and counts["tested"] <= config.workers and counts["candidates_untried"] > 0
     [budget] = [r for r in report.rejects if r.stage == "budget"]

@@ -9,6 +9,9 @@ from types import SimpleNamespace
 from pipeline.guidance.expert import expert_actions
 from pipeline.rollouts.invariants import final_test_run, lost_patches, regrade_sample, replay
 from pipeline.core.records import Task
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 TASK = Task("t", "r", "base", "", "", "issue", ("pkg/tests/test_a.py::test_a",), ("pkg/tests/test_a.py::test_b",),
             "img", "/testbed", "python -m pytest -rA pkg/tests", "parse_log_pytest", "synth")
@@ -56,17 +59,17 @@ def test_lost_patches_are_empty_patches_after_a_passing_run():
 
 
 def test_the_whole_reference_resolves_and_stored_rewards_reproduce(toolz_task):
-    verdict = replay(toolz_task, expert_actions(toolz_task))
+    verdict = replay(toolz_task, expert_actions(toolz_task), rules=RULES)
     assert (verdict.resolved, verdict.reason) == (True, "resolved")
     empty_edit = [a for a in expert_actions(toolz_task) if a["args"].get("command") != "str_replace"]
-    assert replay(toolz_task, empty_edit).reason == "tests_failed"
+    assert replay(toolz_task, empty_edit, rules=RULES).reason == "tests_failed"
 
     def stored(rid: str, patch: str, reward: float):
         return SimpleNamespace(rollout_id=rid, instance_id=toolz_task.instance_id, patch=patch, reward=reward,
                                resolved=reward == 1.0, infra_error="")
 
     tasks = {toolz_task.instance_id: toolz_task}
-    report = regrade_sample([stored("gold", toolz_task.patch, 1.0), stored("wrong", "", 1.0)], tasks, sample=2)
+    report = regrade_sample([stored("gold", toolz_task.patch, 1.0), stored("wrong", "", 1.0)], tasks, sample=2, rules=RULES)
     assert report.checked == ["gold", "wrong"] and report.infra == []
     assert report.mismatches == [{"rollout_id": "wrong", "stored": 1.0, "now": 0.0, "reason": "tests_failed"}]
     assert dataclasses.is_dataclass(report)

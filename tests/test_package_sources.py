@@ -24,6 +24,9 @@ from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, narrowe
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_task
 from pipeline.verifier.environment import LocalTaskSandboxes
 from sandbox.local_sandbox import LocalSandbox
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -318,14 +321,14 @@ def test_gold_patch_must_resolve_on_every_run(tmp_path):
     repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
     task = calc_task(repo, "tests/test_calc.py::test_add tests/test_calc.py::test_flaky")
     sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
-    once = check_task(task, sandboxes=sandboxes, runs=1)  # the counter is even: the flaky test passes once
+    once = check_task(task, sandboxes=sandboxes, runs=1, rules=RULES)  # the counter is even: the flaky test passes once
     assert isinstance(once, Task)
-    thrice = check_task(task, sandboxes=sandboxes, runs=3)
+    thrice = check_task(task, sandboxes=sandboxes, runs=3, rules=RULES)
     assert not isinstance(thrice, Task) and thrice.stage == "validate"
     # the counter goes on from the first check (gold, then empty): runs 2, 3, 4 pass, fail, pass
     assert thrice.reason.startswith(f"{FLAKY} the gold patch resolves it on 2 of 3 runs")
     stable = check_task(dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add",)),
-                        sandboxes=sandboxes, runs=3)
+                        sandboxes=sandboxes, runs=3, rules=RULES)
     assert isinstance(stable, Task)
 
 
@@ -346,12 +349,12 @@ def test_repeat_gold_grades_run_only_the_files_the_bug_reaches_and_still_catch_a
     assert repeat.test_cmd.endswith("tests/test_calc.py")
     assert narrowed_task(task, WHOLE, None) is None and narrowed_task(task, SPEC, ("tests/test_calc.py",)) is None
     sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
-    checked = check_task(task, sandboxes=sandboxes, runs=3, exact=True, repeat=repeat)
+    checked = check_task(task, sandboxes=sandboxes, runs=3, exact=True, repeat=repeat, rules=RULES)
     assert isinstance(checked, Task) and checked.PASS_TO_PASS == task.PASS_TO_PASS  # the stored task is whole
     assert ran.read_text() == "xx"  # the first gold grade and the empty patch's: the other file twice, not four times
     flaky = dataclasses.replace(task, FAIL_TO_PASS=("tests/test_calc.py::test_add", "tests/test_calc.py::test_flaky"))
     rejected = check_task(flaky, sandboxes=sandboxes, runs=3,
-                          repeat=narrowed_task(flaky, WHOLE, ("tests/test_calc.py",)))
+                          repeat=narrowed_task(flaky, WHOLE, ("tests/test_calc.py",)), rules=RULES)
     assert not isinstance(rejected, Task) and rejected.reason.startswith(f"{FLAKY} the gold patch resolves it on")
 
 
@@ -370,11 +373,11 @@ def test_the_empty_patch_must_fail_exactly_fail_to_pass_when_exact(tmp_path):
                 workdir="/testbed", test_cmd="python -m pytest -rA -p no:cacheprovider tests",
                 log_parser="parse_log_pytest", source="synth", setup_patch="", test_files=("tests",))
     sandboxes = LocalTaskSandboxes({"local/calc": str(repo)})
-    assert isinstance(check_task(task, sandboxes=sandboxes), Task)  # the loose check: the empty patch fails add
-    strict = check_task(task, sandboxes=sandboxes, exact=True)
+    assert isinstance(check_task(task, sandboxes=sandboxes, rules=RULES), Task)  # the loose check: the empty patch fails add
+    strict = check_task(task, sandboxes=sandboxes, exact=True, rules=RULES)
     assert not isinstance(strict, Task) and strict.reason.startswith(FLAKY_BUG)
     both = dataclasses.replace(task, FAIL_TO_PASS=(add, double), PASS_TO_PASS=())
-    assert isinstance(check_task(both, sandboxes=sandboxes, exact=True), Task)
+    assert isinstance(check_task(both, sandboxes=sandboxes, exact=True, rules=RULES), Task)
 
 
 def test_packages_are_fetched_and_built_at_once_each_failure_named_and_the_order_kept(tmp_path, monkeypatch):

@@ -21,6 +21,9 @@ from pipeline.verifier.grading import grade
 from pipeline.verifier.junit import dotted, junit_outcomes
 from pipeline.verifier.pytest_log import summary_statuses
 from sandbox.local_sandbox import LocalSandbox
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 IDS = '''import pytest
 
@@ -217,12 +220,12 @@ def test_a_coloured_xdist_package_is_synthesized_and_graded(tmp_path, monkeypatc
     task = Task("slug__1", "demo/slug", "", GOLD, "", "title() shouts.", f2p, tuple(sorted(base.passed - set(f2p))),
                 "local/slug", "/testbed", command_of(spec), LOG_PARSER, "synth", setup_patch="")
     sandboxes = LocalTaskSandboxes(repos={"local/slug": str(tmp_path / "bug")})
-    gold, empty = grade(task, GOLD, sandboxes=sandboxes), grade(task, "", sandboxes=sandboxes, reuse_empty=False)
+    gold, empty = grade(task, GOLD, sandboxes=sandboxes, rules=RULES), grade(task, "", sandboxes=sandboxes, reuse_empty=False, rules=RULES)
     assert (gold.resolved, gold.reason) == (True, "resolved"), gold.report
     assert (empty.resolved, empty.reason) == (False, "tests_failed"), empty.report
     row = Task("slug__2", "demo/slug", "", GOLD, "", "title() shouts.", ("tests/test_slug.py::test_title[ab",),
                ("tests/test_slug.py::test_same_length[a",), "local/slug", "/testbed",
                "python -m pytest -rA --color=yes -p no:cacheprovider tests", "parse_log_pytest", "dataset",
                setup_patch="")  # colour on its command line: only the escapes stripped from the log save it
-    public = grade(row, GOLD, sandboxes=sandboxes)
+    public = grade(row, GOLD, sandboxes=sandboxes, rules=RULES)
     assert (public.resolved, public.reason) == (True, "resolved"), public.report

@@ -23,6 +23,9 @@ from pipeline.verifier.environment import LocalTaskSandboxes
 from tests.test_datasets_build import OTHERS, TASK_T1, store_batch, traj
 from tests.test_package_sources import calc_task, flaky_repo
 from tests.test_records import TASK
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 
 def report(passed: list[str], failed: list[str]) -> str:
@@ -98,7 +101,7 @@ def test_the_flakiness_columns_and_the_disagreement_filter():
 def test_a_recheck_of_a_task_whose_test_flakes_records_the_disagreement(tmp_path):
     repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
     task = calc_task(repo, "tests/test_calc.py::test_add tests/test_calc.py::test_flaky")
-    got = recheck_task(task, "night-9", runs=3, sandboxes=LocalTaskSandboxes({"local/calc": str(repo)}))
+    got = recheck_task(task, "night-9", runs=3, sandboxes=LocalTaskSandboxes({"local/calc": str(repo)}), rules=RULES)
     assert (got.runs, got.disagreements, got.gold_resolved, got.empty_resolved) == (3, 1, 2, False), got
     assert got.evidence == "tests/test_calc.py::test_flaky passed 2/3"
     assert quarantined([got])["calc__1"].reason == "tests_disagree"

@@ -25,9 +25,13 @@ from pipeline.verifier.environment import task_sandbox
 from pipeline.verifier.grading import Grade, grade, grade_in
 from tests.redteam import patches as p
 from tests.redteam import tree
+from dataclasses import replace
+
+from pipeline.rollouts.batch import RolloutConfig
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TEST_TIMEOUT = 120  # seconds; the toolz suite runs in about one
+RULES = replace(RolloutConfig().grade_rules(), test_timeout=TEST_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ def grade_each(sb, task: Task, patches: dict[str, str]) -> dict[str, tuple[Grade
     graded = {}
     for name, patch in patches.items():
         start = time.monotonic()
-        graded[name] = grade_in(sb, task, patch, TEST_TIMEOUT), time.monotonic() - start
+        graded[name] = grade_in(sb, task, patch, RULES), time.monotonic() - start
         tree.scrub(sb)
     return graded
 
@@ -215,7 +219,7 @@ def test_what_root_wrote_in_the_tree_is_the_users_and_nothing_else_is_rewritten(
         uid, gid = sb.run_as.split()[:2]
         groups = f"cd {sb.workdir} && find . ! -user {uid} | head; stat -c %g tlz/__init__.py"
         before = sb.run_privileged(groups, timeout=60).output.split()
-        result = grade_in(sb, toolz_task, with_new_package, TEST_TIMEOUT)
+        result = grade_in(sb, toolz_task, with_new_package, RULES)
         after = sb.run_privileged(groups + " toolz/_fresh", timeout=60).output.split()
     assert result.resolved, result.reason
     assert after == [*before, gid] and before[0] != gid, (before, after)
@@ -228,7 +232,7 @@ def test_reused_sandbox_leftovers_are_not_paid(sandbox, toolz_task):
     p.write_unchecked_pyc(sandbox)  # the agent's actions
     patch = sandbox.diff()
     sandbox.reset()
-    result = grade_in(sandbox, toolz_task, patch, TEST_TIMEOUT)
+    result = grade_in(sandbox, toolz_task, patch, RULES)
     tree.scrub(sandbox)
     assert patch == "" and not result.resolved, f"paid for an empty diff: {result.reason}"
 
@@ -236,6 +240,6 @@ def test_reused_sandbox_leftovers_are_not_paid(sandbox, toolz_task):
 def test_killing_every_process_is_the_patch_fault(sandbox, toolz_task):
     """kill -9 -1 from the tests takes the grader's shell too: the patch's failure, not an infra fault."""
     patch = p.kill_everything(sandbox, toolz_task)
-    result = grade(toolz_task, patch, test_timeout=TEST_TIMEOUT)
+    result = grade(toolz_task, patch, RULES)
     assert not result.resolved and result.fault == "patch", json.dumps(
         {"reason": result.reason, "fault": result.fault, "duration": round(result.duration, 1)})

@@ -40,7 +40,7 @@ def test_heuristic_batch_is_stored_and_resumes(synth_run, tmp_path):
     ids = [t.rollout_id for t in summary.trajectories]
     assert ids == [j.rollout_id for j in jobs] and len(set(ids)) == 4
     by_id = {t.instance_id: t for t in tasks}
-    regrades = [grade(by_id[t.instance_id], t.patch, FAST.sandbox, FAST.test_timeout) for t in summary.trajectories]
+    regrades = [grade(by_id[t.instance_id], t.patch, FAST.grade_rules()) for t in summary.trajectories]
     for traj, again in zip(summary.trajectories, regrades):
         assert traj.policy == "heuristic" and json.loads(traj.policy_settings)["kind"] == "heuristic"
         assert (traj.exit_status, traj.infra_error, traj.error) == ("submitted", "", "")

@@ -19,6 +19,9 @@ from pipeline.tasks.stage_clock import STAGES, StageClock
 from pipeline.verifier.grading import grade
 
 from tests.conftest import TOOLZ
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 
 def test_synthesis_yields_valid_tasks(synth_run):
@@ -78,7 +81,7 @@ def test_a_parallel_phase_counts_each_worker_share_and_the_idle_rest_as_waiting(
 
 def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
     tasks, _, config, cache = synth_run
-    again, report = synthesize(config, base_image, cache, docker_client)
+    again, report = synthesize(config, base_image, cache, docker_client, rules=RULES)
     assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
     assert {k: v for k, v in report.per_package[TOOLZ.key].items() if k not in ("seconds", "copies_removed")} \
         == {"cached": 1}
@@ -86,7 +89,7 @@ def test_second_run_rebuilds_nothing(synth_run, base_image, docker_client):
 
 def test_a_run_asking_for_fewer_tasks_reads_the_first_of_a_larger_one(synth_run, base_image, docker_client):
     tasks, _, config, cache = synth_run
-    fewer, report = synthesize(dataclasses.replace(config, tasks_per_package=2), base_image, cache, docker_client)
+    fewer, report = synthesize(dataclasses.replace(config, tasks_per_package=2), base_image, cache, docker_client, rules=RULES)
     assert [t.to_row() for t in fewer] == [t.to_row() for t in tasks[:2]]
     assert report.per_package[TOOLZ.key]["cached"] == 1
     # synth_run's file (its settings' hash, then 3) was read, and nothing written for 2
@@ -137,10 +140,10 @@ def test_task_parquet_round_trip(synth_run, tmp_path):
 
 
 def test_gold_resolves_and_empty_does_not(toolz_task):
-    gold = grade(toolz_task, toolz_task.patch)
+    gold = grade(toolz_task, toolz_task.patch, rules=RULES)
     assert gold.resolved and gold.reason == "resolved" and gold.fault == "none"
     assert 0 < gold.test_seconds < gold.duration  # the test command's own time, timed in the sandbox
-    empty = grade(toolz_task, "")
+    empty = grade(toolz_task, "", rules=RULES)
     assert not empty.resolved and empty.fault == "patch" and empty.reason == "tests_failed"
     failed = json.loads(empty.report)["FAIL_TO_PASS"]["failure"]
     assert set(failed) == set(toolz_task.FAIL_TO_PASS)
@@ -190,7 +193,7 @@ def test_the_effective_patch_sees_an_edit_that_kept_its_size_and_time(toolz_task
         size_and_time = sb.run(f"stat -c %s.%Y {path}").output
         edited = sb.run(f"python3 -c {shlex.quote(KEPT_TIME_EDIT)} {path} && stat -c %s.%Y {path}").output
         assert edited == size_and_time
-        verdict = grade_in(sb, toolz_task, toolz_task.patch, fresh=True)  # as if nothing ran since `prepare`
+        verdict = grade_in(sb, toolz_task, toolz_task.patch, fresh=True, rules=RULES)  # as if nothing ran since `prepare`
     assert f"ends the process with os._exit in {path}" in verdict.suspicious
 
 
@@ -204,7 +207,7 @@ def test_editing_the_tests_does_not_pass(toolz_task, synth_run):
     conftest = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
                 "@@ -0,0 +1,3 @@\n+import pytest\n+def pytest_collection_modifyitems(items):\n"
                 f"+    items[:] = [i for i in items if '{name}' not in i.name]\n")
-    result = grade(toolz_task, cheat + conftest)
+    result = grade(toolz_task, cheat + conftest, rules=RULES)
     assert (result.resolved, result.fault, result.reason) == (False, "patch", "tests_failed")
     assert set(result.dropped_files) == {test_file, "conftest.py"}
     assert result.enforcement == (f"restored {test_file}: test file",
@@ -220,7 +223,7 @@ def test_fake_passed_lines_do_not_pass(toolz_task, synth_run):
     fake = ("diff --git a/toolz/_fake.py b/toolz/_fake.py\nnew file mode 100644\n--- /dev/null\n"
             f"+++ b/toolz/_fake.py\n@@ -0,0 +1,{len(body)} @@\n" + "".join(f"+{line}\n" for line in body)
             + file_diff("toolz/__init__.py", init, init + "from . import _fake\n"))
-    result = grade(toolz_task, fake)
+    result = grade(toolz_task, fake, rules=RULES)
     assert not result.resolved and result.fault == "patch"
     assert any(f"PASSED {t}" in result.log for t in toolz_task.FAIL_TO_PASS)  # the fake lines were printed
 
@@ -228,7 +231,7 @@ def test_fake_passed_lines_do_not_pass(toolz_task, synth_run):
 def test_patch_that_does_not_apply(toolz_task):
     bad = "diff --git a/toolz/nothere.py b/toolz/nothere.py\n--- a/toolz/nothere.py\n+++ b/toolz/nothere.py\n" \
           "@@ -10,2 +10,2 @@\n-a\n+b\n c\n"
-    result = grade(toolz_task, bad)
+    result = grade(toolz_task, bad, rules=RULES)
     assert not result.resolved and result.fault == "patch" and result.reason == "patch_does_not_apply"
 
 
@@ -252,7 +255,7 @@ def test_git_reads_the_patch_alike_in_the_session_and_as_root(toolz_task, synth_
     monkeypatch.setattr(grading, "_list_in_session", lambda *a: in_session.append(read(*a)) or in_session[-1])
     for name, patch in patches.items():
         monkeypatch.setattr(grading, "_PROBED", {})
-        readings = [grade(toolz_task, patch, reuse_empty=False) for _ in ("as root, probing", "in the session")]
+        readings = [grade(toolz_task, patch, reuse_empty=False, rules=RULES) for _ in ("as root, probing", "in the session")]
         assert len(in_session) == 1 and in_session[0] is not None, (name, readings)  # answered, no fallback
         in_session.clear()
         assert len({(g.resolved, g.reason, g.dropped_files, g.enforcement) for g in readings}) == 1, (name, readings)
@@ -265,7 +268,7 @@ def test_missing_image_is_an_infra_fault(toolz_task):
     import dataclasses
 
     broken = dataclasses.replace(toolz_task, image="handhold/no-such-image:0")
-    result = grade(broken, broken.patch)
+    result = grade(broken, broken.patch, rules=RULES)
     assert not result.resolved and result.fault == "infra" and "no-such-image" in result.reason
 
 
@@ -284,7 +287,7 @@ def test_bad_packages_are_reported_in_rejects_parquet_and_the_good_one_still_yie
              PackageSpec("toolz", "1.0.0", ("no_such_tests",), ("toolz/*.py",)),
              parse_entry("tabulate==0.9.0 test_requirements='handhold-no-such-requirement-4c1d9e'"), TOOLZ)
     tasks, report = synthesize(SynthConfig(tasks_per_package=3, candidates_per_package=30), base_image, cache,
-                               docker_client, specs=specs)
+                               docker_client, specs=specs, rules=RULES)
     assert len(tasks) >= 2 and {t.repo for t in tasks} == {"pypi/toolz"}  # its cached tasks
     path = write_rows(tmp_path / "rejects.parquet", [dataclasses.asdict(r) for r in report.rejects], REJECT_SCHEMA)
     rows = pl.read_parquet(path).rows(named=True)
@@ -325,7 +328,7 @@ def test_a_malformed_pyproject_rejects_its_package_and_the_others_go_on(synth_ru
     (cache / "sdist").mkdir(exist_ok=True)
     (cache / "sdist" / "badtoml-1.0.tar.gz").write_bytes(buf.getvalue())
     tasks, report = synthesize(SynthConfig(tasks_per_package=3, candidates_per_package=30), base_image, cache,
-                               docker_client, specs=(PackageSpec("badtoml", "1.0"), TOOLZ))
+                               docker_client, specs=(PackageSpec("badtoml", "1.0"), TOOLZ), rules=RULES)
     assert len(tasks) >= 2 and {t.repo for t in tasks} == {"pypi/toolz"}
     path = write_rows(tmp_path / "rejects.parquet", [dataclasses.asdict(r) for r in report.rejects], REJECT_SCHEMA)
     [row] = pl.read_parquet(path).rows(named=True)

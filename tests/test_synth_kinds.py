@@ -17,6 +17,9 @@ from pipeline.synthesis.rewrite import Target, rewritten_source
 from pipeline.synthesis.synth import SynthConfig, SynthReport, synthesize
 
 from tests.conftest import TOOLZ
+from pipeline.rollouts.batch import RolloutConfig
+
+RULES = RolloutConfig().grade_rules()
 
 MODULE = '''\
 """A module with a method to rewrite."""
@@ -171,7 +174,7 @@ def kinds_run(base_image, docker_client, synth_cache):
     with server as url:
         teacher = OpenAIPolicy(OpenAIPolicyConfig(model="teacher", base_url=url, max_retries=0))
         tasks, report = synthesize(config, base_image, synth_cache, docker_client, specs=(spec,),
-                                   rewriter=teacher)
+                                   rewriter=teacher, rules=RULES)
     return tasks, report, server
 
 

@@ -34,6 +34,7 @@ from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, Seconds, 
 from pipeline.core.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
+from pipeline.verifier.rules import GradeRules
 from pipeline.core.vocab import CRASHED
 from sandbox.base import SandboxError, SandboxSpec
 from sandbox.reaper import reap_orphans
@@ -76,6 +77,10 @@ class RolloutConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     """Sandboxes started and prepared ahead of the attempts and grades that take them (within the step's
     `sandboxes` slot: `size` containers besides the `workers` in use)."""
+
+    def grade_rules(self) -> GradeRules:
+        """The one value every grade, re-grade, validation and replay of a run is made under."""
+        return GradeRules(self.sandbox, self.test_timeout, self.zero_suspicious)
 
 
 @dataclass(frozen=True)
@@ -211,8 +216,7 @@ def _grade(job: Job, config: RolloutConfig, sandboxes: SandboxFactory, out: _Out
     if out.attempt is None or out.infra:
         return
     while True:
-        out.verdict = grade(job.task, out.attempt.patch, config.sandbox, config.test_timeout, sandboxes=sandboxes,
-                            zero_suspicious=config.zero_suspicious)
+        out.verdict = grade(job.task, out.attempt.patch, config.grade_rules(), sandboxes=sandboxes)
         out.infra = f"grader: {out.verdict.reason}" if out.verdict.fault == "infra" else ""
         if not out.infra or out.retries >= config.infra_retries:
             return

@@ -16,6 +16,7 @@ from pipeline.agent.tools import execute
 from pipeline.core.records import GuidancePlan, Task, Trajectory
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
+from pipeline.verifier.rules import GradeRules
 
 # pytest's closing line: "==== 3 passed, 1 skipped in 0.40s ====", under -q "1 failed in 0.10s", or with its
 # timing filtered out (the heuristic's steady test runs) "1 failed, 3 passed"
@@ -51,17 +52,16 @@ def lost_patches(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list
     return lost
 
 
-def replay(task: Task, actions: list[dict], sandboxes: SandboxFactory = task_sandbox,
-           test_timeout: float = 300) -> Grade:
+def replay(task: Task, actions: list[dict], rules: GradeRules, sandboxes: SandboxFactory = task_sandbox) -> Grade:
     """Run reference actions as they are, no policy, then grade the tree they leave."""
-    with sandboxes(task, None) as sandbox:
+    with sandboxes(task, rules.sandbox) as sandbox:
         for action in actions:
             if action["name"] == "submit":
                 break
             execute(sandbox, action["name"], dict(action["args"]), timeout=120)
         patch = sandbox.diff()
     # Graded in a fresh sandbox: what the actions left outside the diff (caches, ignored files) must not count.
-    return grade(task, patch, test_timeout=test_timeout, sandboxes=sandboxes)
+    return grade(task, patch, rules, sandboxes=sandboxes)
 
 
 @dataclass
@@ -75,9 +75,10 @@ class RegradeReport:
     """Rollout ids whose re-grade hit an infrastructure fault (no verdict)."""
 
 
-def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], sample: int = 4, seed: int = 0,
-                   sandboxes: SandboxFactory = task_sandbox) -> RegradeReport:
-    """Re-grade up to `sample` stored attempts, about half of them resolved ones, picked at random."""
+def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], rules: GradeRules, sample: int = 4,
+                   seed: int = 0, sandboxes: SandboxFactory = task_sandbox) -> RegradeReport:
+    """Re-grade up to `sample` stored attempts, about half of them resolved ones, picked at random, under the
+    `rules` they were graded by."""
     graded = [t for t in trajectories if not t.infra_error and t.instance_id in tasks]
     rng = random.Random(seed)
     solved = [t for t in graded if t.resolved]
@@ -88,7 +89,7 @@ def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], sampl
     picked = (solved[:half] + others + solved[half:])[:sample]
     report = RegradeReport()
     for t in picked:
-        now = grade(tasks[t.instance_id], t.patch, sandboxes=sandboxes, reuse_empty=False)  # a real re-grade
+        now = grade(tasks[t.instance_id], t.patch, rules, sandboxes=sandboxes, reuse_empty=False)  # a real re-grade
         if now.fault == "infra":
             report.infra.append(t.rollout_id)
             continue
@@ -99,11 +100,11 @@ def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], sampl
     return report
 
 
-def batch_invariants(trajectories: list[Trajectory], tasks: dict[str, Task], sample: int = 4,
+def batch_invariants(trajectories: list[Trajectory], tasks: dict[str, Task], rules: GradeRules, sample: int = 4,
                      sandboxes: SandboxFactory = task_sandbox) -> dict:
     """The invariants of one stored batch, as asset metadata (counts and the offending ids)."""
     lost = lost_patches(trajectories, tasks)
-    regrade = regrade_sample(trajectories, tasks, sample, sandboxes=sandboxes)
+    regrade = regrade_sample(trajectories, tasks, rules, sample, sandboxes=sandboxes)
     return {"lost_patches": len(lost), "lost_patch_ids": lost[:20],
             "regraded": len(regrade.checked), "regrade_mismatches": len(regrade.mismatches),
             "regrade_mismatch_rows": regrade.mismatches[:20], "regrade_infra": len(regrade.infra)}
@@ -133,13 +134,13 @@ def edit_prefix_failures(probes: list[Trajectory]) -> tuple[int, list[str]]:
 
 
 def reference_checks(plans: list[GuidancePlan], probes: list[Trajectory], tasks: dict[str, Task],
-                     sandboxes: SandboxFactory = task_sandbox) -> dict:
+                     rules: GradeRules, sandboxes: SandboxFactory = task_sandbox) -> dict:
     """Gold-derived references replayed whole, and the edit-holding probes, as asset metadata."""
     replays, failures = 0, []
     for plan in plans:
         if plan.kind == "action" and plan.action_source == "expert" and plan.instance_id in tasks:
             replays += 1
-            verdict = replay(tasks[plan.instance_id], [a.as_dict() for a in plan.actions], sandboxes)
+            verdict = replay(tasks[plan.instance_id], [a.as_dict() for a in plan.actions], rules, sandboxes)
             if not verdict.resolved:
                 failures.append(f"{plan.instance_id}: {verdict.reason}")
     shown, failed = edit_prefix_failures(probes)

@@ -55,6 +55,7 @@ from pipeline.synthesis.synth_config import SynthConfig, SynthReport
 from pipeline.synthesis.task_cache import cache_file, cached_tasks
 from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
+from pipeline.verifier.rules import GradeRules
 from sandbox.docker_sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
@@ -207,12 +208,12 @@ def narrowed_task(task: Task, spec: PackageSpec, files: tuple[str, ...] | None) 
 
 
 def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker.DockerClient, *,
-               specs: tuple[PackageSpec, ...] | None = None,
+               rules: GradeRules, specs: tuple[PackageSpec, ...] | None = None,
                statement_writer: Policy | None = None,
                rewriter: Policy | None = None) -> tuple[list[Task], SynthReport]:
     """Validated tasks from every package (`specs`, else the configured names); a package that fails is
     reported (a RejectedTask naming package, stage and reason), not fatal. `statement_writer`: the teacher
-    LLM that writes problem statements (None: templates); `rewriter`: the one that rewrites functions when
+    LLM that writes problem statements (None: templates); `rules`: what validation grades under; `rewriter`: the one that rewrites functions when
     `config.rewrite` is on (None: the statement writer)."""
     rewriter = rewriter or statement_writer
     start, report, tasks = time.monotonic(), SynthReport(), []
@@ -222,7 +223,8 @@ def synthesize(config: SynthConfig, base_image: str, cache: Path, client: docker
             with package_lock(cache, spec.name):
                 with report.clock.stage("image"):
                     spec = resolve(spec, cache)
-                found = _package_tasks(spec, base_image, cache, config, report, client, statement_writer, rewriter)
+                found = _package_tasks(spec, base_image, cache, config, rules, report, client, statement_writer,
+                                       rewriter)
             report.difficulty += [(spec.key, json.loads(t.provenance)["kind"], task_difficulty(t)) for t in found]
             tasks += found
         except PackageError as exc:
@@ -247,7 +249,7 @@ def _parts_kept(spec: PackageSpec, tasks: list[Task], report: SynthReport) -> li
     return out
 
 
-def _package_tasks(spec, base_image, cache, config, report, client, writer, rewriter) -> list[Task]:
+def _package_tasks(spec, base_image, cache, config, rules, report, client, writer, rewriter) -> list[Task]:
     with report.clock.stage("image"):
         image = build_environment_image(spec, base_image, cache, client)
         report.removed[spec.key] = hidden_copies(fetch_source(spec, cache), spec.source_globs or ())
@@ -261,7 +263,7 @@ def _package_tasks(spec, base_image, cache, config, report, client, writer, rewr
     log.info("%s: synthesizing tasks in %s", spec.key, image)
     candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
     begun = time.monotonic()
-    kept, rejects = check_tasks([task for task, _ in candidates], workers=config.workers, runs=config.validation_runs,
+    kept, rejects = check_tasks([task for task, _ in candidates], rules, workers=config.workers, runs=config.validation_runs,
                                 clock=report.clock, exact=True, certify_runs=config.certify_runs,
                                 repeats={task.instance_id: narrowed for task, narrowed in candidates if narrowed})
     report.note(spec.key, "verify_seconds", round(time.monotonic() - begun, 1))

@@ -16,6 +16,7 @@ from pipeline.tasks.flakiness import TaskRecheck, validation_record
 from pipeline.tasks.stage_clock import StageClock
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade_in
+from pipeline.verifier.rules import GradeRules
 from sandbox.base import Sandbox, SandboxError
 
 
@@ -25,7 +26,7 @@ FLAKY_BUG = "flaky with the bug:"
 """How the reason begins when the empty patch's grade fails other tests than FAIL_TO_PASS (`exact`)."""
 
 
-def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory = task_sandbox,
+def check_task(task: Task, rules: GradeRules, sandboxes: SandboxFactory = task_sandbox,
                runs: int = 1, clock: StageClock | None = None, exact: bool = False,
                repeat: Task | None = None, certify_runs: int = 1) -> Task | RejectedTask:
     """The task with its base_commit and certificate filled in, or the reason it is set aside.
@@ -41,7 +42,7 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
     """
     clock = clock or StageClock()
     try:
-        graded = [_container(task, plan, sandboxes, test_timeout, clock) for plan in container_plans(
+        graded = [_container(task, plan, rules, sandboxes, clock) for plan in container_plans(
             task, repeat, runs, certify_runs)]
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
         return RejectedTask(task.instance_id, "validate", f"sandbox failed: {exc}")
@@ -65,17 +66,17 @@ def check_task(task: Task, test_timeout: float = 300, sandboxes: SandboxFactory 
     return dataclasses.replace(task, base_commit=graded[0].head, **certificate_fields(graded))
 
 
-def _container(task: Task, plan: ContainerPlan, sandboxes: SandboxFactory, test_timeout: float,
+def _container(task: Task, plan: ContainerPlan, rules: GradeRules, sandboxes: SandboxFactory,
                clock: StageClock) -> GradedContainer:
     """The grades of one fresh container: the gold patch's and the empty patch's, in the plan's order (each
     grade after the first puts the tree back first: exact, and tens of milliseconds)."""
     start = time.monotonic()
-    with sandboxes(task, None) as sandbox:
+    with sandboxes(task, rules.sandbox) as sandbox:
         clock.add("verify_setup" if plan.index == 0 else "certify_setup", time.monotonic() - start)
         head, golds, empty = sandbox.base_commit or "", [], None
         for step, (what, graded) in enumerate(plan.steps):
             with clock.stage("empty_grade" if what == "empty" else "gold_grades"):
-                verdict = grade_in(sandbox, graded, task.patch if what == "gold" else "", test_timeout,
+                verdict = grade_in(sandbox, graded, task.patch if what == "gold" else "", rules,
                                    fresh=step == 0)
             if what == "empty":
                 empty = verdict
@@ -86,17 +87,17 @@ def _container(task: Task, plan: ContainerPlan, sandboxes: SandboxFactory, test_
     return GradedContainer(plan, head, tuple(golds), empty)
 
 
-def _grades(sandbox: Sandbox, task: Task, test_timeout: float, runs: int, clock: StageClock,
+def _grades(sandbox: Sandbox, task: Task, rules: GradeRules, runs: int, clock: StageClock,
             repeat: Task | None = None) -> tuple[list[Grade], Grade]:
     """`runs` grades of the gold patch (of `repeat` after the first, when given), then the empty patch's (each
     grade puts the tree back first)."""
     golds = []
     for i in range(max(runs, 1)):
         with clock.stage("gold_grades"):
-            golds.append(grade_in(sandbox, task if i == 0 or repeat is None else repeat, task.patch, test_timeout,
+            golds.append(grade_in(sandbox, task if i == 0 or repeat is None else repeat, task.patch, rules,
                                   fresh=i == 0))
     with clock.stage("empty_grade"):
-        return golds, grade_in(sandbox, task, "", test_timeout)
+        return golds, grade_in(sandbox, task, "", rules)
 
 
 def _fails_exactly_fail_to_pass(g: Grade) -> bool:
@@ -111,26 +112,26 @@ def _failures(g: Grade) -> str:
     return g.report[:600] if g.report != "{}" else g.log[-600:]
 
 
-def check_tasks(tasks: list[Task], workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1,
+def check_tasks(tasks: list[Task], rules: GradeRules, workers: int = 2, sandboxes: SandboxFactory = task_sandbox, runs: int = 1,
                 clock: StageClock | None = None, exact: bool = False, repeats: dict[str, Task] | None = None,
                 certify_runs: int = 1) -> tuple[list[Task], list[RejectedTask]]:
     """Check tasks in parallel (`runs` gold grades each, `certify_runs` containers; `exact`, `repeats` by
     instance id: see check_task); keep order."""
     clock, repeats = clock or StageClock(), repeats or {}
     with clock.parallel(workers), ThreadPoolExecutor(max(workers, 1)) as pool:
-        results = list(pool.map(lambda t: check_task(t, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact,
+        results = list(pool.map(lambda t: check_task(t, rules, sandboxes=sandboxes, runs=runs, clock=clock, exact=exact,
                                                      repeat=repeats.get(t.instance_id), certify_runs=certify_runs),
                                 tasks))
     return ([r for r in results if isinstance(r, Task)], [r for r in results if isinstance(r, RejectedTask)])
 
 
-def recheck_task(task: Task, run_id: str, runs: int = 2, test_timeout: float = 300,
+def recheck_task(task: Task, run_id: str, rules: GradeRules, runs: int = 2,
                  sandboxes: SandboxFactory = task_sandbox) -> TaskRecheck | RejectedTask:
     """Re-validate a stored task as validation did (`runs` gold grades and the empty patch's, one sandbox) and
     record what each grade said; a sandbox that fails gives the reason instead (no verdict, no record)."""
     try:
-        with sandboxes(task, None) as sandbox:
-            golds, empty = _grades(sandbox, task, test_timeout, runs, StageClock())
+        with sandboxes(task, rules.sandbox) as sandbox:
+            golds, empty = _grades(sandbox, task, rules, runs, StageClock())
     except (SandboxError, docker.errors.DockerException, OSError) as exc:
         return RejectedTask(task.instance_id, "recheck", f"sandbox failed: {exc}")
     infra = [g for g in [*golds, empty] if g.fault == "infra"]
@@ -140,8 +141,8 @@ def recheck_task(task: Task, run_id: str, runs: int = 2, test_timeout: float = 3
                              (empty.resolved, empty.report))
 
 
-def recheck_tasks(tasks: list[Task], run_id: str, runs: int = 2, workers: int = 2,
+def recheck_tasks(tasks: list[Task], run_id: str, rules: GradeRules, runs: int = 2, workers: int = 2,
                   sandboxes: SandboxFactory = task_sandbox) -> list[TaskRecheck | RejectedTask]:
     """`recheck_task` of each task in parallel, in order."""
     with ThreadPoolExecutor(max(workers, 1)) as pool:
-        return list(pool.map(lambda t: recheck_task(t, run_id, runs, sandboxes=sandboxes), tasks))
+        return list(pool.map(lambda t: recheck_task(t, run_id, rules, runs, sandboxes=sandboxes), tasks))

@@ -43,10 +43,11 @@ from pipeline.verifier.empty_patch import graded_once
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.guard import flag_kinds, numstat_paths, protected_reason, suspicious_flags
 from pipeline.verifier.junit import guard_disagreements, junit_disagreements
+from pipeline.verifier.rules import GradeRules
 from pipeline.verifier.pytest_log import SUMMARY_PARSER, register, strip_ansi
 from pipeline.verifier.steps import (GIT, GUARD, apply_script, guard_dir, list_script, private_folders, report_folder,
                                      test_script)
-from sandbox.base import Sandbox, SandboxError, SandboxSpec
+from sandbox.base import Sandbox, SandboxError
 from sandbox.privileged import exchange
 from sandbox.session_files import WRITE_CHUNK
 
@@ -104,8 +105,7 @@ class _Run:
     """How long the test command ran."""
 
 
-def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300,
-             zero_suspicious: bool = True, fresh: bool = False) -> Grade:
+def grade_in(sandbox: Sandbox, task: Task, patch: str, rules: GradeRules, fresh: bool = False) -> Grade:
     """Grade `patch` in a sandbox made by `prepare`: used since (an agent's, an earlier grade's), its tree is
     put back first; `fresh`, the caller's word that nothing ran in it since `prepare`, skips that."""
     start = time.monotonic()
@@ -113,7 +113,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     listed = _list(sandbox, task, patch, private, restore=not fresh)
     if listed is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
-    run = _apply_and_test(sandbox, task, patch, private, *listed, test_timeout)
+    run = _apply_and_test(sandbox, task, patch, private, *listed, rules.test_timeout)
     if run is None:
         return Grade(False, "patch", "patch_does_not_apply", duration=time.monotonic() - start)
     flags = suspicious_flags(run.effective_patch, flag_kinds(task.patch))
@@ -122,7 +122,7 @@ def grade_in(sandbox: Sandbox, task: Task, patch: str, test_timeout: float = 300
     if run.timed_out:
         return Grade(False, "patch", "tests_timed_out", log=log, duration=time.monotonic() - start, **common)
     verdict = _graded(task, patch, log, run)
-    if verdict.resolved and flags and zero_suspicious:
+    if verdict.resolved and flags and rules.zero_suspicious:
         verdict = Grade(False, "patch", "suspicious", report=verdict.report, log=log)
     return Grade(verdict.resolved, verdict.fault, verdict.reason, verdict.report, log,
                  duration=time.monotonic() - start, **common)
@@ -279,17 +279,17 @@ def _graded(task: Task, patch: str, log: str, run: _Run) -> Grade:
     return Grade(True, "none", "resolved", report=json.dumps(status))
 
 
-def grade(task: Task, patch: str, config: SandboxSpec | None = None, test_timeout: float = 300,
-          sandboxes: SandboxFactory = task_sandbox, zero_suspicious: bool = True, reuse_empty: bool = True) -> Grade:
+def grade(task: Task, patch: str, rules: GradeRules, sandboxes: SandboxFactory = task_sandbox,
+          reuse_empty: bool = True) -> Grade:
     """Grade `patch` in a fresh sandbox (the factory's: nothing ran in it since `prepare`); a sandbox or engine
-    fault is an infra grade, never a failure. An empty patch is graded once per task and settings in a process
+    fault is an infra grade, never a failure. An empty patch is graded once per task and rules in a process
     (pipeline/verifier/empty_patch.py) unless `reuse_empty` is off (a re-grade that checks stored rewards)."""
     def run() -> Grade:
         start = time.monotonic()
         try:
-            with sandboxes(task, config) as sandbox:
-                return grade_in(sandbox, task, patch, test_timeout, zero_suspicious, fresh=True)
+            with sandboxes(task, rules.sandbox) as sandbox:
+                return grade_in(sandbox, task, patch, rules, fresh=True)
         except (SandboxError, OSError, docker.errors.DockerException) as exc:
             return Grade(False, "infra", f"sandbox_error: {exc}", duration=time.monotonic() - start)
 
-    return graded_once(task, config, test_timeout, sandboxes, run) if reuse_empty and not patch.strip() else run()
+    return graded_once(task, rules, sandboxes, run) if reuse_empty and not patch.strip() else run()
