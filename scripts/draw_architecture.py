@@ -5,10 +5,12 @@
     python scripts/draw_architecture.py --check-layers  # list the imports against LINE; exit 1 when there are any
 
 A box is a top-level package (a folder at the repository's root holding __init__.py). A package holding two or more
-subpackages (pipeline) is drawn as those subpackages and its own modules in at most two groups: `(lower)`, the
-modules whose imports reach nothing but each other and the packages below it on LINE, and `(upper)`, the rest that
-no subpackage reaches; a module in neither is a box of its own. An arrow points from the importer to what it
-imports; every import counts, at the top of a module or inside a function (read by scripts/import_graph.py).
+subpackages (pipeline) is drawn as those subpackages and, if it has modules of its own beside its __init__.py, those
+in at most two groups: `(lower)`, the modules whose imports reach nothing but each other and the packages below it on
+LINE, and `(upper)`, the rest that no subpackage reaches; a module in neither is a box of its own. A package whose
+only own module is its __init__.py (pipeline now) has no groups: its __init__.py is a box named after the package,
+drawn only when an arrow touches it. An arrow points from the importer to what it imports; every import counts, at
+the top of a module or inside a function (read by scripts/import_graph.py).
 tests/test_architecture_doc.py fails when the block differs from what this script draws.
 """
 
@@ -72,6 +74,9 @@ def boxes(edges: dict[str, set[str]], packages: set[str], line: tuple[str, ...] 
         out[m] = t if t not in split else sub if sub in subpackages else None
     for t in split:
         own = {m for m, box in out.items() if box is None and top[m] == t}
+        if own == {t}:  # nothing beside its __init__.py: no groups, the package stands for itself
+            out[t] = t
+            continue
         below = {m for m in edges if top[m] in line[line.index(t) + 1:]} if t in line else set()
         lower = {m for m in own if _reach({m}, edges) <= own | below}
         reached = _reach({m for m in edges if top[m] == t and out[m] is not None}, edges)
@@ -138,6 +143,8 @@ def draw(edges: dict[str, set[str]], packages: set[str], line: tuple[str, ...] =
     tops = sorted({m.split(".")[0] for m in edges}, key=lambda t: (line.index(t) if t in line else len(line), t))
     for t in tops:
         inside = sorted({b for m, b in box.items() if m.split(".")[0] == t})
+        if inside != [t] and t in inside and not any(t in pair for pair in arrows):
+            inside.remove(t)  # a package's bare __init__.py that nothing imports and that imports nothing
         if inside == [t]:
             lines.append(f"  {_node(t)}[{t}]")
             continue
@@ -148,8 +155,10 @@ def draw(edges: dict[str, set[str]], packages: set[str], line: tuple[str, ...] =
     left_out = implied(arrows, against)
     lines += [f"  {_node(a)} {'-.->' if (a, b) in against else '-->'} {_node(b)}" for a, b in arrows
               if (a, b) not in left_out]
-    lines += ["```", ""]
-    for group in sorted({b for b in box.values() if b.endswith("(lower)") or b.endswith("(upper)")}):
+    lines.append("```")
+    groups = sorted({b for b in box.values() if b.endswith("(lower)") or b.endswith("(upper)")})
+    lines += [""] if groups else []
+    for group in groups:
         t = group.split("/")[0]
         held = sorted(m.removeprefix(f"{t}.") for m, b in box.items() if b == group and m != t)
         lines.append(f"- `{group}`: {', '.join(held)}")

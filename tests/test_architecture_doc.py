@@ -56,6 +56,20 @@ def test_a_package_of_subpackages_is_drawn_as_them_and_its_modules_in_two_groups
     assert box["t.train"] == "t" and box["s.leak"] == box["s.base"] == "s"
 
 
+def test_a_package_of_nothing_but_subpackages_is_drawn_with_no_groups():
+    d = draw_architecture()
+    edges = {"p": set(), "p.a": set(), "p.a.x": {"p.b.y"}, "p.b": set(), "p.b.y": {"s.base"},
+             "s": set(), "s.base": set()}
+    box = d.boxes(edges, {"p", "p.a", "p.b", "s"}, ("p", "s"))
+    assert box["p"] == "p" and box["p.a.x"] == "p.a" and box["p.b.y"] == "p.b"
+    block = d.draw(edges, {"p", "p.a", "p.b", "s"}, ("p", "s"))
+    assert "(lower)" not in block and "(upper)" not in block and '    p["p"]' not in block
+    assert "```\n\nDrawn: 2 of the 2 arrows" in block
+    # an __init__.py that imports something stays in the picture, inside its package
+    edges["p"] = {"p.a.x"}
+    assert '    p["p"]' in d.draw(edges, {"p", "p.a", "p.b", "s"}, ("p", "s"))
+
+
 def test_a_package_with_one_subpackage_is_one_box():
     box = draw_architecture().boxes({"q": set(), "q.a": set(), "q.a.x": {"q.m"}, "q.m": set()}, {"q", "q.a"}, ("q",))
     assert set(box.values()) == {"q"}
