@@ -16,7 +16,7 @@ from pipeline.synthesis.backend import (backend_target, editable_requirements, i
                                         run_pip)
 from pipeline.synthesis.discover import PYTEST, discover
 from pipeline.synthesis.mutations import BugCandidate
-from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageSpec, package_specs, parse_entry
+from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageError, PackageSpec, package_specs, parse_entry
 from pipeline.synthesis.packages import test_command as command_of
 from pipeline.sources.harness_specs import parser_registry
 from pipeline.synthesis.suite import LOG_PARSER
@@ -257,6 +257,20 @@ def test_a_test_that_passes_on_some_runs_is_never_pass_to_pass(tmp_path):
     with LocalSandbox(flaky_repo(tmp_path / "again", tmp_path / "counter2"), timeout=120) as sandbox:
         once = baseline(sandbox, SPEC, SynthConfig(baseline_runs=1, min_pass_rate=0.6))
     assert "tests/test_calc.py::test_flaky" in once.passed  # one run cannot tell
+
+
+def test_a_clean_run_cut_by_the_timeout_is_reported_as_the_time_not_as_failing_tests(tmp_path):
+    """Only the first clean run's timeout was read: a later one cut short (a loaded machine) left no summary, and
+    the package was refused with 'only 0 of N tests pass on every one of 3 runs'."""
+    repo = flaky_repo(tmp_path / "calc", tmp_path / "counter")
+    tree(repo, {"tests/test_slow.py": (
+        "import time\nfrom pathlib import Path\n\n\n"
+        f"def test_slow_the_second_time():\n    p = Path({str(tmp_path / 'runs')!r})\n"
+        "    n = int(p.read_text()) if p.exists() else 0\n    p.write_text(str(n + 1))\n"
+        "    time.sleep(30 if n == 1 else 0)\n")})
+    with LocalSandbox(repo, timeout=120) as sandbox:
+        with pytest.raises(PackageError, match=r"took over 8 s in clean run 2 of 3 \(raise suite_timeout"):
+            baseline(sandbox, SPEC, SynthConfig(baseline_runs=3, min_pass_rate=0.6, suite_timeout=8))
 
 
 def test_ids_with_spaces_are_read_whole(tmp_path):
