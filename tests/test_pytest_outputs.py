@@ -54,7 +54,7 @@ def test_xfail():
     assert 0
 
 
-@pytest.mark.skip(reason="no")
+@pytest.mark.skip(reason="a skipped case of the generated package, for the SKIPPED summary line")
 def test_skip():
     pass
 
