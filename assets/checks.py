@@ -19,6 +19,7 @@ from pipeline.core.records import TRAJECTORY_SCHEMA, RejectedTask, Task, Traject
 from pipeline.tasks.flakiness import (QuarantineConfig, TaskRecheck, quarantined, read_rechecks, reason,
                                        record_rechecks)
 from pipeline.core.store import RecordContractError, read_records
+from pipeline.rollouts.invariants import BatchInvariants
 from pipeline.verifier.rules import GradeRules
 
 ROLLOUT_CHECKS = {
@@ -34,9 +35,9 @@ def rollout_check_specs(asset: str) -> list[dg.AssetCheckSpec]:
             for name, text in ROLLOUT_CHECKS.items()]
 
 
-def rollout_checks(asset: str, path: Path, batch: str, trajectories: list[Trajectory], invariants: dict,
+def rollout_checks(asset: str, path: Path, batch: str, trajectories: list[Trajectory], invariants: BatchInvariants,
                    max_infra_error_rate: float) -> list[dg.AssetCheckResult]:
-    """The results of ROLLOUT_CHECKS for one stored batch; `invariants` is `batch_invariants`' output."""
+    """The results of ROLLOUT_CHECKS for one stored batch."""
     try:
         read_records(path, TRAJECTORY_SCHEMA, produced_by=asset, batch=batch)
         version = TRAJECTORY_SCHEMA.metadata[b"schema_version"].decode()
@@ -45,13 +46,14 @@ def rollout_checks(asset: str, path: Path, batch: str, trajectories: list[Trajec
         schema = dg.AssetCheckResult(check_name="trajectory_schema", passed=False, metadata={"error": str(error)})
     infra = sum(bool(t.infra_error) for t in trajectories)
     rate = infra / len(trajectories) if trajectories else 0.0
+    regrade = invariants.regrade
     return [
         schema,
-        dg.AssetCheckResult(check_name="rewards_reproduce", passed=invariants["regrade_mismatches"] == 0, metadata={
-            "regraded": invariants["regraded"], "mismatches": invariants["regrade_mismatches"],
-            "mismatch_rows": str(invariants["regrade_mismatch_rows"])}),
-        dg.AssetCheckResult(check_name="no_lost_patches", passed=invariants["lost_patches"] == 0, metadata={
-            "lost_patches": invariants["lost_patches"], "rollout_ids": str(invariants["lost_patch_ids"])}),
+        dg.AssetCheckResult(check_name="rewards_reproduce", passed=not regrade.mismatches, metadata={
+            "regraded": len(regrade.checked), "mismatches": len(regrade.mismatches),
+            "mismatch_rows": str(invariants.metadata()["regrade_mismatch_rows"])}),
+        dg.AssetCheckResult(check_name="no_lost_patches", passed=not invariants.lost_patch_ids, metadata={
+            "lost_patches": len(invariants.lost_patch_ids), "rollout_ids": str(list(invariants.lost_patch_ids[:20]))}),
         dg.AssetCheckResult(check_name="infra_error_rate", passed=rate <= max_infra_error_rate, metadata={
             "infra_errors": infra, "attempts": len(trajectories), "rate": round(rate, 4),
             "threshold": max_infra_error_rate}),

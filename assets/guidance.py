@@ -47,7 +47,7 @@ def guidance(context: dg.AssetExecutionContext, settings: HandholdSettings,
             context.log.warning(f"guidance {p.kind} for {p.instance_id} set aside: {p.reason[:300]}")
     probes = layout.read_probes(batch)
     return dg.MaterializeResult(metadata={
-        **reference_checks(plans, probes, tasks, settings.resolved().rollout.grade_rules()),
+        **reference_checks(plans, probes, tasks, settings.resolved().rollout.grade_rules()).metadata(),
         "path": str(path), "failed_tasks": len(failed), "unguided_tasks": len({t.instance_id for t in unguided}),
         "quarantined_skipped": len(held.keys() & {t.instance_id for t in unguided}),
         "accepted": {k: sum(p.accepted for p in plans if p.kind == k) for k in config.kinds},
@@ -73,7 +73,7 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
                                     progress=context.log.info)
     guided: list[Trajectory] = summary.trajectories
     invariants = batch_invariants(guided, tasks, config.rollout.grade_rules())
-    graded = rollout_records(guided, invariants["regrade_mismatch_rows"], batch)  # quarantines from the next batch
+    graded = rollout_records(guided, invariants.regrade.mismatches, batch)  # quarantines from the next batch
     record_rechecks(layout.rechecks(), batch, "guided_rollouts", graded)
     probes = layout.read_probes(batch)
     families = family_rows(plans, guided, cascade.ran if cascade else None)
@@ -88,6 +88,6 @@ def guided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetting
         **({"cascade": dg.MetadataValue.md(savings_markdown(cascade_savings(cascade, config.costs)))}
            if cascade else {}),
         "quotes_guidance": sum(t.quotes_guidance for t in guided), **SearchStats(plans).metrics(guided),
-        **{f"batch_{k}": v for k, v in summary.metrics().items()}, **invariants,
+        **{f"batch_{k}": v for k, v in summary.metrics().items()}, **invariants.metadata(),
     }, check_results=rollout_checks("guided_rollouts", out / "trajectories.parquet", batch, guided, invariants,
                                     config.rollout.max_infra_error_rate))

@@ -88,12 +88,12 @@ def unguided_rollouts(context: dg.AssetExecutionContext, settings: HandholdSetti
     record = finish_round(layout, record, round_outcome(layout, batch, summary.trajectories, config.guidance.delta))
     metrics = summary.metrics()
     invariants = batch_invariants(summary.trajectories, {t.instance_id: t for t in tasks}, config.rollout.grade_rules())
-    records = rollout_records(summary.trajectories, invariants["regrade_mismatch_rows"], batch)
+    records = rollout_records(summary.trajectories, invariants.regrade.mismatches, batch)
     record_rechecks(settings.layout().rechecks(), batch, "rollouts", records)
     return dg.MaterializeResult(metadata={
         "path": str(out / "trajectories.parquet"), "policy": policy.name, "tasks": len(tasks),
         "quarantined_skipped": len(skipped), "quarantine": dg.MetadataValue.md(quarantine_markdown(skipped.values())),
         "graded_inconsistently": [r.instance_id for r in records],
-        "attempts_per_task": config.rollout.attempts, **metrics, **invariants, **round_metadata(record, settings),
+        "attempts_per_task": config.rollout.attempts, **metrics, **invariants.metadata(), **round_metadata(record, settings),
     }, check_results=rollout_checks("unguided_rollouts", out / "trajectories.parquet", batch, summary.trajectories,
                                     invariants, config.rollout.max_infra_error_rate))

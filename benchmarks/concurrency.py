@@ -189,6 +189,9 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
         "own_cpu": own / n, "process_cpu": own_process / n,
         "container_cpu": None if container_own is None else container_own / n,
         "share": own / n / statistics.mean(walls), "engine_cpu": engine / n, "wall": statistics.mean(walls),
+        "model_s": statistics.mean(sum(s.policy_latency for s in t.steps) for t in trajs),
+        "tools_s": statistics.mean(sum(s.tool_time for s in t.steps) for t in trajs),
+        "grade_s": statistics.mean(t.grade_time for t in trajs),
         "take_p50": summary.pool["pool_take_median_ms"] / 1000,
         "take_p99": summary.pool["pool_take_p99_ms"] / 1000,
         "start_p50": percentile(metered.starts, 50), "start_p99": percentile(metered.starts, 99),
@@ -240,7 +243,7 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
 
 
 HEADER = ("W", "turns", "att/min", "ideal", "ratio", "CPU ceiling", "own CPU s", "proc s", "cont s", "own/wall",
-          "engine s", "wall s", "take p50 ms", "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live",
+          "engine s", "wall s", "model s", "tools s", "grade s", "take p50 ms", "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live",
           "threads", "fds", "infra", "lost", "left", "warm/cold takes")
 
 
@@ -248,7 +251,7 @@ def line(r: dict) -> str:
     """One width's figures, in HEADER's order."""
     values = (r["width"], r["turns"], r["per_minute"], r["ideal"], r["per_minute"] / r["ideal"], r["ceiling"],
               r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"], r["wall"],
-              r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"], r["start_p99"], r["mem_mib"],
+              r["model_s"], r["tools_s"], r["grade_s"], r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"], r["start_p99"], r["mem_mib"],
               r["live_peak"], r["threads_peak"], r["fds_peak"], r["infra"], r["lost"], r["left"],
               f"{r['warm']}/{r['cold']}")
     return " | ".join("n/a" if v is None else f"{v}" if isinstance(v, (int, str)) else f"{v:.3f}" for v in values)

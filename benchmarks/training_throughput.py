@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from pipeline.datasets import DatasetConfig, build_rows  # noqa: E402
 from pipeline.datasets.card import CardInfo  # noqa: E402
 from pipeline.datasets.export import export_dataset  # noqa: E402
-from pipeline.core.record_parts import Action  # noqa: E402
+from pipeline.core.records import Action  # noqa: E402
 from tests.test_datasets_build import traj  # noqa: E402
 from training.actguide import train_actguide  # noqa: E402
 from training.actguide_examples import prepare_examples  # noqa: E402

@@ -2,8 +2,10 @@
 
     python scripts/import_graph.py            # cycles between modules, then the package drawing (Mermaid)
     python scripts/import_graph.py --modules  # every module edge
+    python scripts/import_graph.py --long 400 # modules over 400 lines, longest first
 
-docs/architecture.md holds the drawing; tests/test_architecture.py keeps the graph free of cycles.
+docs/architecture.md holds the drawing; tests/test_architecture.py keeps the graph free of cycles. The length list
+is a hint to read a long module for a second concept, never a rule: a module is one concept, whatever its length.
 """
 
 from __future__ import annotations
@@ -103,7 +105,19 @@ def mermaid(edges: dict[str, set[str]]) -> str:
     return "\n".join(lines)
 
 
+def long_modules(limit: int) -> list[tuple[int, str]]:
+    """(lines, module) for every module over `limit` lines, longest first."""
+    sizes = ((len(path.read_text().splitlines()), name) for name, path in modules().items())
+    return sorted((s for s in sizes if s[0] > limit), reverse=True)
+
+
 def main() -> None:
+    if "--long" in sys.argv:
+        at = sys.argv.index("--long") + 1
+        limit = int(sys.argv[at]) if at < len(sys.argv) else 400
+        for lines, name in long_modules(limit):
+            print(f"{lines:5d}  {name}")
+        return
     edges = graph()
     if "--modules" in sys.argv:
         for a in sorted(edges):

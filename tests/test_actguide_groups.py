@@ -14,7 +14,7 @@ from pipeline.agent.heuristic import action_hint
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, PolicyIdentity, Usage
 from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_datasets
-from pipeline.core.record_parts import Action
+from pipeline.core.records import Action
 from pipeline.rollouts.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs
 from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from pipeline.verifier.environment import LocalTaskSandboxes

@@ -113,7 +113,7 @@ def folder(tmp_path_factory):
     from pipeline.datasets import DatasetConfig, build_rows
     from pipeline.datasets.card import CardInfo
     from pipeline.datasets.export import export_dataset
-    from pipeline.core.record_parts import Action
+    from pipeline.core.records import Action
     from tests.test_datasets_build import traj
 
     actions = (Action("bash", '{"command": "grep -n add pkg"}'), Action("submit", "{}"))

@@ -256,7 +256,7 @@ def test_guidance_and_tests_in_the_prompt(sandbox, task):
 def test_native_format_needs_a_native_policy(task):
     with pytest.raises(ValueError, match="no native tool calling"):
         unguided_prompt(task, AgentConfig(tool_format="native"), native_tools=False)
-    with pytest.raises(ValueError, match="max_steps must be positive"):
+    with pytest.raises(ValueError, match="AgentConfig.max_steps is 0; it must be at least 1"):
         AgentConfig(max_steps=0)
 
 

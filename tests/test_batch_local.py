@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.agent.loop import AgentConfig
 from pipeline.agent.policy import AssistantTurn, Usage
-from pipeline.core.record_parts import Action
+from pipeline.core.records import Action
 from pipeline.core.records import Guidance, GuidancePlan, Task
 from pipeline.core.layout import probe_batch
 from pipeline.rollouts.rescue import GuidanceConfig, action_plans, probe_job

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.synthesis.callmap import CallMap, changed_functions, traced_run
-from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.candidates import BugCandidate
 from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, try_candidate
 from sandbox.local_sandbox import LocalSandbox
 from tests.test_package_sources import SPEC, tree

@@ -18,7 +18,7 @@ from pipeline.datasets.card import CardInfo, render_card
 from training.evaluation import evaluation_cost, results_table, score
 from pipeline.rollouts.families import family_rows, head_to_head, head_to_head_markdown
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher
-from pipeline.core.record_parts import Step
+from pipeline.core.records import Step
 from pipeline.core.records import Guidance, GuidancePlan
 from pipeline.rollouts.rescue import GuidanceConfig, teacher_plans
 from pipeline.verifier.environment import LocalTaskSandboxes

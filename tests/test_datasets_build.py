@@ -22,7 +22,7 @@ from pipeline.datasets.files import read_trajectories
 from pipeline.datasets.formats import CALLS, DPO_DIVERGENCE_SCHEMA, mentions, row_text
 from pipeline.datasets.splits import content_hashes
 from pipeline.core.layout import Layout, probe_batch
-from pipeline.core.record_parts import Action
+from pipeline.core.records import Action
 from pipeline.core.records import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, Trajectory
 from pipeline.core.schema import record_schema
 from pipeline.core.store import write_rows

@@ -41,5 +41,19 @@ def test_a_regrade_is_made_under_the_rules_the_grade_was(tmp_path):
     assert report.checked == ["r"] and report.mismatches == []  # the same rules: the stored reward reproduces
     assert seen[-1] == SandboxSpec(memory="1g", pids=64)  # the re-grade's sandbox has the run's limits
     other = regrade_sample([stored(task, GOLD, first.reward)], {task.instance_id: task}, default, sandboxes=sandboxes)
-    assert [m["reason"] for m in other.mismatches] == ["resolved"]  # other rules, another verdict
+    assert [m.reason for m in other.mismatches] == ["resolved"]  # other rules, another verdict
     assert seen[-1] == SandboxSpec()
+
+
+def test_synthesized_tasks_are_cached_per_rules_and_the_defaults_keep_earlier_caches(tmp_path):
+    from pipeline.synthesis.packages import PackageSpec
+    from pipeline.synthesis.synth_config import SynthConfig
+    from pipeline.synthesis.task_cache import cache_file
+    from pipeline.verifier.rules import GradeRules
+
+    spec, config = PackageSpec("toolz", "1.0.0"), SynthConfig()
+    earlier = cache_file(spec, "img", config, tmp_path, None, None)  # as called before rules joined the key
+    assert cache_file(spec, "img", config, tmp_path, None, None, RolloutConfig().grade_rules()) == earlier
+    tight = RolloutConfig(test_timeout=20, sandbox=SandboxSpec(memory="1g")).grade_rules()
+    assert cache_file(spec, "img", config, tmp_path, None, None, tight) != earlier
+    assert GradeRules() == RolloutConfig().grade_rules()  # the settings' defaults are the rules' own

@@ -14,7 +14,7 @@ from pipeline.agent.loop import AgentConfig
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig
 from pipeline.guidance.actions import action_hint, linear_prefix, min_guidance_prefix, search_steps_bound
 from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, TeacherError, TeacherGuidance
-from pipeline.guidance.teacher_text import combined_guidance
+from pipeline.guidance.teacher_guidance import combined_guidance
 from pipeline.rollouts.rescue import GuidanceConfig, action_plans, failed_groups, guided_guidance, guided_jobs, \
     recovery, teacher_plans
 from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch

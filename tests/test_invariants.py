@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from pipeline.guidance.expert import expert_actions
 from pipeline.rollouts.invariants import final_test_run, lost_patches, regrade_sample, replay
+from pipeline.tasks.flakiness import RewardMismatch
 from pipeline.core.records import Task
 from pipeline.rollouts.batch import RolloutConfig
 
@@ -71,13 +72,13 @@ def test_the_whole_reference_resolves_and_stored_rewards_reproduce(toolz_task):
     tasks = {toolz_task.instance_id: toolz_task}
     report = regrade_sample([stored("gold", toolz_task.patch, 1.0), stored("wrong", "", 1.0)], tasks, sample=2, rules=RULES)
     assert report.checked == ["gold", "wrong"] and report.infra == []
-    assert report.mismatches == [{"rollout_id": "wrong", "stored": 1.0, "now": 0.0, "reason": "tests_failed"}]
+    assert report.mismatches == [RewardMismatch("wrong", 1.0, 0.0, "tests_failed")]
     assert dataclasses.is_dataclass(report)
 
 
 def test_probes_holding_the_reference_edit_must_resolve():
     from pipeline.rollouts.invariants import edit_prefix_failures, last_edit
-    from pipeline.core.record_parts import Action
+    from pipeline.core.records import Action
 
     actions = tuple(Action.of(a) for a in [
         {"name": "bash", "args": {"command": "grep -rn x ."}},

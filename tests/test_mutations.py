@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.synthesis.mutations import MUTATION_KINDS, BugCandidate, collect_candidates, generate_candidates
+from pipeline.synthesis.candidates import MUTATION_KINDS, BugCandidate, collect_candidates, generate_candidates
 from pipeline.synthesis.patches import bug_patch, gold_patch
 
 SAMPLE = '''\

@@ -15,7 +15,7 @@ from assets.settings import HandholdConfig, SettingsError, from_mapping, load_co
 from pipeline.synthesis.backend import (backend_target, editable_requirements, installed_backend, raised_pins,
                                         run_pip)
 from pipeline.synthesis.discover import PYTEST, discover
-from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.candidates import BugCandidate
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, PackageError, PackageSpec, package_specs, parse_entry
 from pipeline.synthesis.packages import test_command as command_of
 from pipeline.sources.harness_specs import parser_registry

@@ -15,8 +15,8 @@ from pipeline.datasets.config import DatasetConfig
 from pipeline.datasets.export import export_dataset
 from pipeline.core.records import TASK_SCHEMA
 from pipeline.core.store import write_rows
-from pipeline.tasks.flakiness import (TaskRecheck, flakiness, left_out, quarantined, read_rechecks, record_rechecks,
-                                      rollout_records, task_table, validation_record)
+from pipeline.tasks.flakiness import (RewardMismatch, TaskRecheck, flakiness, left_out, quarantined, read_rechecks,
+                                      record_rechecks, rollout_records, task_table, validation_record)
 from pipeline.tasks.validate import recheck_task
 from pipeline.verifier.environment import LocalTaskSandboxes
 
@@ -53,7 +53,7 @@ def test_a_batch_records_the_tasks_it_graded_inconsistently():
                 traj("r4", iid="t2", reward=1.0, patch="q"), traj("r5", iid="t2", reward=1.0, patch="q"),
                 traj("r6", iid="t3", patch="s"), traj("r7", iid="t3", patch="s", infra_error="docker"),
                 traj("r8", iid="t4", reward=1.0, patch="u")]
-    mismatch = [{"rollout_id": "r8", "stored": 1.0, "now": 0.0, "reason": "tests_failed"}]
+    mismatch = [RewardMismatch("r8", 1.0, 0.0, "tests_failed")]
     got = rollout_records(attempts, mismatch, "b7", now=3.0)
     assert [(r.instance_id, r.runs, r.disagreements, r.gold_resolved, r.source) for r in got] == [
         ("t1", 3, 1, -1, "rollouts"), ("t4", 2, 1, -1, "rollouts")]  # t2 agreed; t3's second grade had no verdict

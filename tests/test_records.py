@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.core.record_parts import ACTION_SCHEMA, MESSAGE_SCHEMA, STEP_SCHEMA, Action, Message, Step
+from pipeline.core.records import ACTION_SCHEMA, MESSAGE_SCHEMA, STEP_SCHEMA, Action, Message, Step
 from pipeline.core.records import (GUIDANCE_PLAN_SCHEMA, GUIDANCE_SCHEMA, REJECT_SCHEMA, TASK_SCHEMA, TRAJECTORY_SCHEMA,
                               Guidance, GuidancePlan, RejectedTask, Task, Trajectory)
 from pipeline.rollouts.batch import RolloutConfig, run_batch
@@ -147,7 +147,7 @@ def test_a_schema_is_derived_from_its_dataclass():
     import pyarrow as pa
     import pytest
 
-    from pipeline.core.record_parts import Action
+    from pipeline.core.records import Action
     from pipeline.core.schema import fields_of
 
     @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def test_the_cap_keeps_the_script_for_the_first_tasks_only():
                                                            ("d", "trajectory")]
     assert "(2 of 4 action plans may use it)" in capped[0].reason
     assert capped_references(refs, 1.0) == refs
-    with pytest.raises(ValueError, match="max_expert_share: 1.5 is not a share"):
+    with pytest.raises(ValueError, match="GuidanceConfig.max_expert_share is 1.5; it must be from 0 to 1"):
         GuidanceConfig(max_expert_share=1.5)
 
 

@@ -28,7 +28,7 @@ from pipeline.datasets import DatasetConfig, build_rows, read_dataset, update_da
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
 from pipeline.datasets.release import Provenance, cut_release
-from pipeline.datasets.release_notes import training_rows
+from pipeline.datasets.release import training_rows
 from pipeline.core.layout import Layout
 from pipeline.core.records import TRAJECTORY_SCHEMA, Task
 from pipeline.rollouts.round_report import lineage, lineage_rows, needed_guidance_before, round_outcome

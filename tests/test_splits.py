@@ -19,7 +19,7 @@ from pipeline.datasets.splits import combined_split_conflicts, split_column, spl
 from training.evaluation import held_out_tasks
 from pipeline.core.records import TASK_SCHEMA, Task
 from pipeline.synthesis.combine import combinations_to_try
-from pipeline.synthesis.mutations import collect_candidates
+from pipeline.synthesis.candidates import collect_candidates
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.suite import Baseline
 from pipeline.synthesis.synth import SynthConfig, make_task

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.synthesis.mutations import generate_candidates
+from pipeline.synthesis.candidates import generate_candidates
 from pipeline.synthesis.patches import gold_patch
 from pipeline.synthesis.statements import failure_messages_from_log, problem_statement
 

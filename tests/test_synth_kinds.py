@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.synthesis.combine import combinations_to_try, combined_candidate, merged_source
 from pipeline.synthesis.difficulty import difficulty, patch_size
-from pipeline.synthesis.mutations import collect_candidates, functions
+from pipeline.synthesis.candidates import collect_candidates, functions
 from pipeline.synthesis.patches import gold_patch
 from pipeline.synthesis.rewrite import Target, rewritten_source
 from pipeline.synthesis.synth import SynthConfig, SynthReport, synthesize

@@ -8,7 +8,7 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.candidates import BugCandidate
 from pipeline.synthesis.strength import stubbed
 from pipeline.synthesis.strength import tests_ignore_result as ignores_result  # not a test
 from pipeline.synthesis.synth import SynthConfig, SynthReport, baseline, try_candidate

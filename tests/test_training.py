@@ -16,7 +16,7 @@ from assets.training import actguide_model
 from pipeline.datasets import DatasetConfig, build_rows
 from pipeline.datasets.card import CardInfo
 from pipeline.datasets.export import export_dataset
-from pipeline.core.record_parts import Action
+from pipeline.core.records import Action
 from tests.test_datasets_build import TASK_T1, traj
 from training.actguide import ActGuideTrainer, train_actguide
 from training.actguide_examples import group_advantages, prepare_examples, training_group

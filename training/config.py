@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from annotated_types import Gt, Interval
 
+from pipeline.core.config_tree import check_ranges
 from pipeline.core.setting_ranges import (Also, Count, CountOrZero, Fraction, NonNegative, Positive, Seconds, Seed,
                                      StepLimit)
 
@@ -217,10 +218,7 @@ class K8sConfig:
     """Seconds between the client's reads of the pod's state while it starts and runs."""
 
     def __post_init__(self) -> None:
-        if self.gpus < 0:
-            raise ValueError(f"training.k8s.gpus is {self.gpus}; it must be 0 (no GPU) or more")
-        if self.poll_seconds <= 0:
-            raise ValueError(f"training.k8s.poll_seconds is {self.poll_seconds}; it must be above 0")
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -256,9 +254,7 @@ class TrainingConfig:
     """Unguided evaluation of the trained policy."""
 
     def __post_init__(self) -> None:
-        if self.rounds_window < 0:
-            raise ValueError(f"training.rounds_window is {self.rounds_window}; set 0 (every batch's rows) or the "
-                             "number of latest rounds whose rows a run trains on (1: its own round's)")
+        check_ranges(self)
         if self.launcher == "k8s" and not self.k8s.image.strip():
             raise ValueError("training.launcher is k8s but training.k8s.image is empty; set training.k8s.image to "
                              "an image holding the project and a CUDA torch, e.g. registry.example.com/handhold:cuda")

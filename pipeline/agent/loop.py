@@ -11,8 +11,8 @@ from pipeline.agent.policy import AssistantTurn, Policy, PolicyError, PolicyIden
 from pipeline.agent.prompts import system_prompt, task_prompt
 from pipeline.agent.textformat import FormatError, describe_tools, parse_tool_call, tool_response
 from pipeline.agent.tools import TOOLS, check_arguments, execute
-from pipeline.core.record_parts import Step
-from pipeline.core.records import Task
+from pipeline.core.records import Step, Task
+from pipeline.core.config_tree import check_ranges
 from pipeline.core.setting_ranges import Count, Seconds
 from sandbox.base import Sandbox, SandboxError
 
@@ -43,9 +43,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.tool_format not in ("auto", "native", "text"):
             raise ValueError(f"AgentConfig.tool_format: {self.tool_format!r} is not 'auto', 'native' or 'text'")
-        for name in ("max_steps", "max_total_tokens", "max_wall_time", "max_format_errors", "command_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"AgentConfig.{name} must be positive, got {getattr(self, name)}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+@functools.cache
 def field_types(cls: type, extras: bool = False) -> dict[str, Any]:
     """Resolved type hints of a dataclass's fields; `extras`: with their ranges (`Annotated[int, Ge(1)]`)."""
     module = inspect.getmodule(cls)
@@ -45,6 +46,18 @@ def field_types(cls: type, extras: bool = False) -> dict[str, Any]:
 def field_ranges(cls: type) -> dict[str, Any]:
     """The Range each numeric field of a dataclass declares (pipeline/core/setting_ranges.py); None for none."""
     return {name: range_of(kind) for name, kind in field_types(cls, extras=True).items()}
+
+
+def check_ranges(record: Any) -> None:
+    """Raises ValueError for the first numeric field of the dataclass `record` outside its declared range: the
+    check settings get when they load, for a record built in code ('AgentConfig.max_steps is 0; it must be at
+    least 1'). Config classes call it from `__post_init__`, so no range is written twice."""
+    kinds = field_types(type(record), extras=True)
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        wrong = out_of_range(value, kinds[f.name])
+        if wrong:
+            raise ValueError(f"{type(record).__name__}.{f.name} is {value!r}; {wrong}")
 
 
 def default_of(f: dataclasses.Field) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline.core.config_tree import check_ranges
 from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, Seed
 
 DpoPairAt = Literal["start", "divergence"]
@@ -59,11 +60,6 @@ class DatasetConfig:
             raise ValueError(f"DatasetConfig.dpo_pair_at is {list(self.dpo_pair_at)}; list each form once, 'start' "
                              "among them (the divergence form is cut from the start pairs): [start] or "
                              "[start, divergence]")
-        if self.pairs_per_task < 1:
-            raise ValueError(f"DatasetConfig.pairs_per_task is {self.pairs_per_task}; it must be at least 1")
-        if not 0.0 <= self.test_fraction <= 1.0:
-            raise ValueError(f"DatasetConfig.test_fraction is {self.test_fraction}; it must lie in [0, 1]")
-        if not 0.0 <= self.max_disagreement_rate <= 1.0:
-            raise ValueError(f"DatasetConfig.max_disagreement_rate is {self.max_disagreement_rate}; it must lie in [0, 1]")
+        check_ranges(self)
         if self.max_prompt_tokens < 0 or self.max_completion_tokens < 0:
             raise ValueError("DatasetConfig.max_prompt_tokens / max_completion_tokens must be >= 0 (0: no limit)")

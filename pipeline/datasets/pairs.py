@@ -9,6 +9,7 @@ from them, taking the heavy columns only for the rows they make.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Mapping
 
 import polars as pl
@@ -17,6 +18,7 @@ from pipeline.datasets.formats import chat, mentions
 from pipeline.datasets.guided import failed_checks
 from pipeline.datasets.splits import Counter, canonical, content_hashes, digest, split_column
 from pipeline.core.layout import PROBE_SUFFIX
+from pipeline.core.records import Action
 from pipeline.core.vocab import GUIDANCE_KINDS, NO_GUIDANCE_KIND
 
 if TYPE_CHECKING:
@@ -24,10 +26,49 @@ if TYPE_CHECKING:
 
 ORIGIN_ORDER = ("unguided", "guided", "probe")  # chosen candidates: on-policy successes first
 TASK = ["base_batch", "instance_id"]
-HEAVY = ["prompt", "unguided_prompt", "messages", "logprobs", "prompt_token_ids", "token_ids"]
-USED = ["rollout_id", "group_id", "batch", "instance_id", "sample_index", "guidance_kind", "guidance_text",
-        "guidance_actions", "guidance_k", "tools", "reward", "resolved", "infra_error", "quotes_guidance",
-        "policy_model", "policy_revision", "chat_template_hash", "temperature", "top_p", "top_k"] + HEAVY
+
+
+@dataclass(frozen=True)
+class LightColumns:
+    """The trajectory columns the rules decide on, read for every stored attempt. Names and types are the
+    Trajectory's (tests/test_trajectory_columns.py): a column renamed there fails a test, not a nightly build."""
+
+    rollout_id: str
+    group_id: str
+    batch: str
+    instance_id: str
+    sample_index: int
+    guidance_kind: str
+    guidance_text: str
+    guidance_actions: tuple[Action, ...]
+    guidance_k: int
+    tools: str
+    reward: float
+    resolved: bool
+    infra_error: str
+    quotes_guidance: bool
+    policy_model: str
+    policy_revision: str
+    chat_template_hash: str
+    temperature: float
+    top_p: float
+    top_k: int
+
+
+@dataclass(frozen=True)
+class HeavyColumns:
+    """The trajectory columns taken only for the rows a builder makes (chat-form messages, log-probs, token ids)."""
+
+    prompt: tuple[dict, ...]
+    unguided_prompt: tuple[dict, ...]
+    messages: tuple[dict, ...]
+    logprobs: tuple[tuple[float, ...] | None, ...] | None
+    prompt_token_ids: tuple[tuple[int, ...] | None, ...] | None
+    token_ids: tuple[tuple[int, ...] | None, ...] | None
+
+
+HEAVY = [f.name for f in fields(HeavyColumns)]
+USED = [f.name for f in fields(LightColumns)] + HEAVY
 """The trajectory columns the builders read."""
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import EntryNotFoundError
 
-from pipeline.datasets.release_notes import RELEASE_FILE, Release
+from pipeline.datasets.release import RELEASE_FILE, Release
 from pipeline.datasets.secrets import SecretFinding, scan_folder
 
 log = logging.getLogger(__name__)

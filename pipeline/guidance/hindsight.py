@@ -10,7 +10,7 @@ from importlib.resources import files
 from string import Template
 
 from pipeline.guidance.expert import patch_edits
-from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, describe_change,
+from pipeline.guidance.teacher_guidance import (TeacherError, TeacherGuidance, abridged, changed_line, describe_change,
                                             enclosing_function)
 from pipeline.core.records import Task, Trajectory
 

@@ -19,7 +19,7 @@ from pipeline.agent.policy import Policy
 from pipeline.agent.server_check import check_server
 from pipeline.guidance.expert import patch_edits
 from pipeline.guidance.hindsight import hindsight_prompt, parse_hindsight_answer, rule_hindsight
-from pipeline.guidance.teacher_text import (TeacherError, TeacherGuidance, abridged, changed_line, combined_guidance,
+from pipeline.guidance.teacher_guidance import (TeacherError, TeacherGuidance, abridged, changed_line, combined_guidance,
                                             describe_change, enclosing_function, tool_messages)
 from pipeline.core.records import Task, Trajectory
 from pipeline.core.vocab import RLVR_PARTS

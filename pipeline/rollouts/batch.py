@@ -24,12 +24,12 @@ import docker.errors
 import pyarrow as pa
 
 from pipeline.agent.loop import AgentConfig, Attempt, run_attempt
-from pipeline.agent.policy import Policy, PolicyIdentity
+from pipeline.agent.policy import Policy
 from pipeline.rollouts.batch_metrics import BatchSummary, Progress
-from pipeline.guidance.references import quotes_guidance
 from pipeline.rollouts.infra_streak import InfraStreak
 from pipeline.core.records import TRAJECTORY_SCHEMA, Guidance, Task, Trajectory
 from pipeline.rollouts.sandbox_pool import PoolConfig, SandboxPool, batch_order
+from pipeline.rollouts.trajectory_columns import AttemptColumns, GradeColumns, columns
 from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, Seconds, Seed
 from pipeline.core.store import RecordContractError, compact, read_batch, set_aside, write_rows
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
@@ -42,7 +42,6 @@ from sandbox.reaper import reap_orphans
 log = logging.getLogger(__name__)
 
 INFRA_EXITS = ("sandbox_error", "policy_error")  # faults of the sandbox or the model server, not the policy
-LOG_TAIL = 20_000  # characters of the grading log kept per trajectory
 NO_GUIDANCE = Guidance()
 
 
@@ -61,11 +60,11 @@ class RolloutConfig:
     stop_after_infra_failures: CountOrZero = 8
     """Stop the batch when this many attempts in a row (as they finish) failed with the same infrastructure fault,
     keeping what is stored (a rerun resumes) and saying why; 0: never stop."""
-    test_timeout: Seconds = 300.0
+    test_timeout: Seconds = GradeRules.test_timeout  # the defaults of a grade are declared once, in GradeRules
     """Seconds the grader's test run may take."""
     max_infra_error_rate: Fraction = 0.2
     """The blocking infra_error_rate check fails a batch whose share of attempts lost to infrastructure is above this."""
-    zero_suspicious: bool = True
+    zero_suspicious: bool = GradeRules.zero_suspicious
     """A patch the grader flags as suspicious (pytest internals, exit hooks, forged verdicts) gets reward 0;
     its flags are stored on the trajectory either way."""
     quote_ngram: Count = 8
@@ -244,8 +243,8 @@ def _attempt_once(job: Job, policy: Policy, config: RolloutConfig,
 
 def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None, verdict: Grade | None,
                   infra: str, retries: int, quote_ngram: int = 8, crash: str = "") -> Trajectory:
-    """The stored record of one attempt, merged from the job's, the attempt's and the grade's fields (each
-    its defaults when there is none); `crash` (a traceback) marks it 'crashed'."""
+    """The stored record of one attempt: the job's columns, the attempt's and the grade's (pipeline/rollouts/
+    trajectory_columns.py; their defaults when there is none); `crash` (a traceback) marks it 'crashed'."""
     g = job.guidance
     status = CRASHED if crash else attempt.exit_status if attempt else "sandbox_error"
     return Trajectory(
@@ -253,45 +252,8 @@ def to_trajectory(job: Job, policy: Policy, batch: str, attempt: Attempt | None,
         sample_index=job.sample_index, seed=job.seed, policy=policy.name,
         policy_settings=json.dumps(policy.settings(), sort_keys=True, default=str),
         guidance_kind=g.kind, guidance_text=g.text, guidance_actions=g.actions, guidance_k=g.k, teacher=g.teacher,
-        **(_attempt_fields(attempt, g.text, quote_ngram) if attempt else NO_ATTEMPT),
-        **(_grade_fields(verdict, infra) if verdict else NO_GRADE),
+        **columns(AttemptColumns.of(attempt, g.text, quote_ngram) if attempt else AttemptColumns()),
+        **columns(GradeColumns.of(verdict, infra) if verdict else GradeColumns()),
         exit_status=status, infra_error=infra, error=crash or (attempt.error if attempt else ""),
         infra_retries=retries, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-
-
-NO_ATTEMPT = dict(prompt=(), unguided_prompt=(), messages=(), tools="[]", steps=(), logprobs=None, patch="",
-                  format_errors=0, total_tokens=0, wall_time=0.0, quotes_guidance=False, prompt_token_ids=None,
-                  token_ids=None, policy_model="", policy_revision="", chat_template_hash="", temperature=-1.0,
-                  top_p=-1.0, top_k=-1)
-"""A trajectory's attempt fields when no attempt ran (the sandbox failed first)."""
-NO_GRADE = dict(reward=0.0, resolved=False, grade_reason="", report="{}", test_log="", dropped_files=(),
-                enforcement=(), suspicious=(), grade_time=0.0)
-"""A trajectory's grade fields when no grade was made."""
-
-
-def _attempt_fields(a: Attempt, hint: str, quote_ngram: int) -> dict:
-    identity = a.identity or PolicyIdentity("")  # a policy that cannot say: every field unknown
-    return dict(prompt=a.prompt, unguided_prompt=a.unguided_prompt, messages=a.messages,
-                tools=json.dumps(list(a.tools)), steps=a.steps, logprobs=_per_turn(a, "logprobs"), patch=a.patch, format_errors=a.format_errors,
-                total_tokens=a.total_tokens, wall_time=a.wall_time,
-                quotes_guidance=bool(hint and quotes_guidance(a.messages, hint, quote_ngram)),
-                prompt_token_ids=_per_turn(a, "prompt_token_ids"), token_ids=_per_turn(a, "token_ids"),
-                policy_model=identity.model, policy_revision=identity.revision,
-                chat_template_hash=identity.chat_template_hash, temperature=identity.temperature,
-                top_p=identity.top_p, top_k=identity.top_k)
-
-
-def _grade_fields(v: Grade, infra: str) -> dict:
-    """An infrastructure fault pays nothing, whatever the grade said."""
-    return dict(reward=0.0 if infra else v.reward, resolved=v.resolved and not infra, grade_reason=v.reason,
-                report=v.report, test_log=v.log[-LOG_TAIL:], dropped_files=v.dropped_files,
-                enforcement=v.enforcement, suspicious=v.suspicious, grade_time=v.duration)
-
-
-def _per_turn(attempt: Attempt, name: str):
-    """One of the attempt's per-turn token columns (log-probs, prompt or sampled ids) as tuples; None without."""
-    values = getattr(attempt, name)
-    if values is None:
-        return None
-    return tuple(tuple(turn) if turn is not None else None for turn in values)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pipeline.agent.tools import execute
 from pipeline.core.records import GuidancePlan, Task, Trajectory
+from pipeline.tasks.flakiness import RewardMismatch
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.verifier.grading import Grade, grade
 from pipeline.verifier.rules import GradeRules
@@ -69,8 +70,7 @@ class RegradeReport:
     """Stored rewards compared with a fresh grade of the stored patches."""
 
     checked: list[str] = field(default_factory=list)
-    mismatches: list[dict] = field(default_factory=list)
-    """{"rollout_id", "stored", "now", "reason"} for each reward that did not reproduce."""
+    mismatches: list[RewardMismatch] = field(default_factory=list)
     infra: list[str] = field(default_factory=list)
     """Rollout ids whose re-grade hit an infrastructure fault (no verdict)."""
 
@@ -95,19 +95,30 @@ def regrade_sample(trajectories: list[Trajectory], tasks: dict[str, Task], rules
             continue
         report.checked.append(t.rollout_id)
         if now.reward != t.reward:
-            report.mismatches.append({"rollout_id": t.rollout_id, "stored": t.reward, "now": now.reward,
-                                      "reason": now.reason})
+            report.mismatches.append(RewardMismatch(t.rollout_id, t.reward, now.reward, now.reason))
     return report
 
 
+@dataclass(frozen=True)
+class BatchInvariants:
+    """The invariants of one stored batch: the attempts whose correct fix was lost, and the re-grade."""
+
+    lost_patch_ids: tuple[str, ...]
+    regrade: RegradeReport
+
+    def metadata(self) -> dict:
+        """As asset metadata: counts and the first 20 offending rows."""
+        return {"lost_patches": len(self.lost_patch_ids), "lost_patch_ids": list(self.lost_patch_ids[:20]),
+                "regraded": len(self.regrade.checked), "regrade_mismatches": len(self.regrade.mismatches),
+                "regrade_mismatch_rows": [asdict(m) for m in self.regrade.mismatches[:20]],
+                "regrade_infra": len(self.regrade.infra)}
+
+
 def batch_invariants(trajectories: list[Trajectory], tasks: dict[str, Task], rules: GradeRules, sample: int = 4,
-                     sandboxes: SandboxFactory = task_sandbox) -> dict:
-    """The invariants of one stored batch, as asset metadata (counts and the offending ids)."""
-    lost = lost_patches(trajectories, tasks)
-    regrade = regrade_sample(trajectories, tasks, rules, sample, sandboxes=sandboxes)
-    return {"lost_patches": len(lost), "lost_patch_ids": lost[:20],
-            "regraded": len(regrade.checked), "regrade_mismatches": len(regrade.mismatches),
-            "regrade_mismatch_rows": regrade.mismatches[:20], "regrade_infra": len(regrade.infra)}
+                     sandboxes: SandboxFactory = task_sandbox) -> BatchInvariants:
+    """The invariants of one stored batch."""
+    return BatchInvariants(tuple(lost_patches(trajectories, tasks)),
+                           regrade_sample(trajectories, tasks, rules, sample, sandboxes=sandboxes))
 
 
 def last_edit(actions) -> int:
@@ -133,9 +144,29 @@ def edit_prefix_failures(probes: list[Trajectory]) -> tuple[int, list[str]]:
     return shown, failed
 
 
+@dataclass(frozen=True)
+class ReferenceChecks:
+    """Gold-derived references replayed whole, and the probes shown a prefix holding the reference's last edit."""
+
+    replays: int
+    replay_failures: tuple[str, ...]
+    """'<instance>: <grade reason>' for each whole reference that did not resolve its task."""
+    edit_prefix_probes: int
+    edit_prefix_failures: tuple[str, ...]
+    """'<instance> k=<k> #<i>' for each such probe not resolved."""
+
+    def metadata(self) -> dict:
+        """As asset metadata: counts and the first 20 failures."""
+        return {"reference_replays": self.replays, "reference_replay_failures": len(self.replay_failures),
+                "reference_replay_failure_rows": list(self.replay_failures[:20]),
+                "edit_prefix_probes": self.edit_prefix_probes,
+                "edit_prefix_failures": len(self.edit_prefix_failures),
+                "edit_prefix_failure_rows": list(self.edit_prefix_failures[:20])}
+
+
 def reference_checks(plans: list[GuidancePlan], probes: list[Trajectory], tasks: dict[str, Task],
-                     rules: GradeRules, sandboxes: SandboxFactory = task_sandbox) -> dict:
-    """Gold-derived references replayed whole, and the edit-holding probes, as asset metadata."""
+                     rules: GradeRules, sandboxes: SandboxFactory = task_sandbox) -> ReferenceChecks:
+    """Replay every gold-derived reference whole; count the edit-holding probes that failed."""
     replays, failures = 0, []
     for plan in plans:
         if plan.kind == "action" and plan.action_source == "expert" and plan.instance_id in tasks:
@@ -144,6 +175,4 @@ def reference_checks(plans: list[GuidancePlan], probes: list[Trajectory], tasks:
             if not verdict.resolved:
                 failures.append(f"{plan.instance_id}: {verdict.reason}")
     shown, failed = edit_prefix_failures(probes)
-    return {"reference_replays": replays, "reference_replay_failures": len(failures),
-            "reference_replay_failure_rows": failures[:20], "edit_prefix_probes": shown,
-            "edit_prefix_failures": len(failed), "edit_prefix_failure_rows": failed[:20]}
+    return ReferenceChecks(replays, tuple(failures), shown, tuple(failed))

@@ -23,6 +23,7 @@ from pipeline.guidance.teacher import LLMTeacher, RuleTeacher, Teacher, flag_lea
 from pipeline.core.layout import probe_batch
 from pipeline.core.records import Guidance, GuidancePlan, Task, Trajectory
 from pipeline.rollouts.batch import Job, RolloutConfig, plan_jobs, rollout_id, run_batch
+from pipeline.core.config_tree import check_ranges
 from pipeline.core.setting_ranges import Count, Fraction
 from pipeline.verifier.environment import SandboxFactory, task_sandbox
 from pipeline.core.vocab import GUIDANCE_KINDS, RLVR_KINDS, GuidanceKind
@@ -68,9 +69,7 @@ class GuidanceConfig:
         unknown = set(self.kinds) - set(GUIDANCE_KINDS)
         if unknown:
             raise ValueError(f"GuidanceConfig.kinds: unknown {sorted(unknown)}; choose from {list(GUIDANCE_KINDS)}")
-        if not 0.0 <= self.max_expert_share <= 1.0:
-            raise ValueError(f"GuidanceConfig.max_expert_share: {self.max_expert_share} is not a share; give 0 "
-                             "(never the gold-patch script) to 1 (whenever no other reference is found)")
+        check_ranges(self)
 
 
 def succeeded(traj: Trajectory, delta: float) -> bool:

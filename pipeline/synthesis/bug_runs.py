@@ -4,7 +4,7 @@ the weak-test probe; the file is always put back. A candidate no test runs costs
 
 from __future__ import annotations
 
-from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.candidates import BugCandidate
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.strength import tests_ignore_result
 from pipeline.synthesis.suite import Baseline, run_suite, with_test_files

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.synthesis.combine import edits
-from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.candidates import BugCandidate
 from pipeline.synthesis.packages import PackageSpec, test_command
 from pipeline.synthesis.pyparse import parse_python
 from sandbox.base import Sandbox

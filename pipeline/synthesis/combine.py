@@ -11,7 +11,7 @@ import random
 from collections import defaultdict
 from itertools import combinations
 
-from pipeline.synthesis.mutations import BugCandidate, _compiles
+from pipeline.synthesis.candidates import BugCandidate, _compiles
 from pipeline.synthesis.splice import source_lines
 
 KIND = "combined"

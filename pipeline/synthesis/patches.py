@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 
-from pipeline.synthesis.mutations import BugCandidate
+from pipeline.synthesis.candidates import BugCandidate
 
 
 def _git_lines(text: str) -> list[str]:

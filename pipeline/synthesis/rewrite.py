@@ -17,7 +17,7 @@ from pathlib import Path
 from string import Template
 
 from pipeline.agent.policy import Policy
-from pipeline.synthesis.mutations import BugCandidate, _read_module, _round_robin, eligible, functions, source_files
+from pipeline.synthesis.candidates import BugCandidate, _read_module, _round_robin, eligible, functions, source_files
 from pipeline.synthesis.pyparse import parse_python
 from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, style_of
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.synthesis.mutators import NodePath, Replacement, node_at
+from pipeline.synthesis.mutation_kinds import NodePath, Replacement, node_at
 from pipeline.synthesis.pyparse import parse_python
 
 FuncNode = ast.FunctionDef | ast.AsyncFunctionDef

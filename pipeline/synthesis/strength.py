@@ -10,7 +10,7 @@ when every FAIL_TO_PASS test still passes, the tests do not look at its result a
 
 from __future__ import annotations
 
-from pipeline.synthesis.mutations import functions
+from pipeline.synthesis.candidates import functions
 from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.pyparse import parse_python
 from pipeline.synthesis.suite import run_suite, with_test_files

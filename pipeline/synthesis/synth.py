@@ -43,7 +43,7 @@ from pipeline.synthesis.callmap import traced_run
 from pipeline.synthesis.difficulty import difficulty, task_difficulty
 from pipeline.synthesis.env_image import build_environment_image
 from pipeline.synthesis.issue_writer import written_statement
-from pipeline.synthesis.mutations import BugCandidate, collect_candidates
+from pipeline.synthesis.candidates import BugCandidate, collect_candidates
 from pipeline.synthesis.packages import (WORKDIR, PackageError, PackageSpec, fetch_source, package_lock, package_specs,
                                          resolve, test_command)
 from pipeline.synthesis.patches import bug_patch, gold_patch
@@ -56,7 +56,8 @@ from pipeline.synthesis.task_cache import cache_file, cached_tasks
 from pipeline.tasks.copies import hidden_copies
 from pipeline.tasks.validate import FLAKY, FLAKY_BUG, check_tasks
 from pipeline.verifier.rules import GradeRules
-from sandbox.docker_sandbox import DockerSandbox
+from pipeline.verifier.environment import environment_sandbox
+from sandbox.base import Sandbox, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,11 @@ def make_task(spec: PackageSpec, image: str, cand: BugCandidate, f2p: list[str],
 
 def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: SynthConfig,
                        report: SynthReport, client: docker.DockerClient, writer: Policy | None = None,
-                       rewriter: Policy | None = None) -> list[tuple[Task, Task | None]]:
+                       rewriter: Policy | None = None, limits: SandboxSpec | None = None
+                       ) -> list[tuple[Task, Task | None]]:
     """Candidate tasks of one package, in its environment image (not yet checked by the verifier), each with
-    its gold patch's repeat grade (`narrowed_task`)."""
+    its gold patch's repeat grade (`narrowed_task`). `limits`: the sandboxes' (the grades' own, GradeRules.sandbox,
+    so a test that cannot pass under them is not taken as passing)."""
     with report.clock.stage("candidates"):
         root = fetch_source(spec, cache)
         candidates, stats = collect_candidates(root, include=list(spec.source_globs), seed=config.seed,
@@ -101,7 +104,7 @@ def synthesize_package(spec: PackageSpec, image: str, cache: Path, config: Synth
     for kind, n in stats.compiled.items():
         report.count(spec.key, kind, "compiled", n)
     with report.clock.stage("sandbox_start", config.workers):
-        sandboxes = [DockerSandbox(image, workdir=WORKDIR, client=client) for _ in range(config.workers)]
+        sandboxes = [environment_sandbox(image, WORKDIR, limits, client=client) for _ in range(config.workers)]
     try:
         with report.clock.stage("collect"):
             spec = runnable(sandboxes[0], spec, config)
@@ -177,7 +180,7 @@ def _validate_candidates(spec, image, candidates, base, sandboxes, config, repor
         with lock:
             return pending.pop(0) if pending and len(kept) < want and time.monotonic() < deadline else None
 
-    def worker(sandbox: DockerSandbox) -> None:
+    def worker(sandbox: Sandbox) -> None:
         while (item := next_candidate()) is not None:
             i, cand = item
             found = try_candidate(sandbox, spec, cand, base, config, report,
@@ -254,14 +257,14 @@ def _package_tasks(spec, base_image, cache, config, rules, report, client, write
         image = build_environment_image(spec, base_image, cache, client)
         report.removed[spec.key] = hidden_copies(fetch_source(spec, cache), spec.source_globs or ())
     report.note(spec.key, "copies_removed", len(report.removed[spec.key]))
-    cached = cache_file(spec, image, config, cache, writer, rewriter)
+    cached = cache_file(spec, image, config, cache, writer, rewriter, rules)
     found = cached_tasks(cached, config)
     if found is not None:
         report.per_package.setdefault(spec.key, Counter())["cached"] = 1
         return found
     start = time.monotonic()
     log.info("%s: synthesizing tasks in %s", spec.key, image)
-    candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter)
+    candidates = synthesize_package(spec, image, cache, config, report, client, writer, rewriter, rules.sandbox)
     begun = time.monotonic()
     kept, rejects = check_tasks([task for task, _ in candidates], rules, workers=config.workers, runs=config.validation_runs,
                                 clock=report.clock, exact=True, certify_runs=config.certify_runs,

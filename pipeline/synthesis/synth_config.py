@@ -11,6 +11,7 @@ from typing import Annotated
 from annotated_types import Ge
 
 from pipeline.core.records import RejectedTask
+from pipeline.core.config_tree import check_ranges
 from pipeline.core.setting_ranges import Count, CountOrZero, Fraction, NonNegative, Seconds, Seed
 from pipeline.synthesis.difficulty import summary
 from pipeline.synthesis.packages import DEFAULT_PACKAGES, package_specs
@@ -64,10 +65,7 @@ class SynthConfig:
 
     def __post_init__(self):
         package_specs(self.packages)  # a malformed entry fails here, naming itself
-        if self.baseline_runs < 1 or self.validation_runs < 1:
-            raise ValueError("baseline_runs and validation_runs must be at least 1")
-        if self.rewrites_per_package < 0 or self.combine < 0:
-            raise ValueError("rewrites_per_package and combine must be 0 or more")
+        check_ranges(self)
 
 
 @dataclass

@@ -12,13 +12,17 @@ from pipeline.synthesis.packages import PackageSpec
 from pipeline.synthesis.statements import TEMPLATES_VERSION
 from pipeline.synthesis.synth_config import SynthConfig
 from pipeline.verifier.grading import GRADER_VERSION
+from pipeline.verifier.rules import GradeRules
 
 
 def cache_file(spec: PackageSpec, image: str, config: SynthConfig, cache: Path, writer: Policy | None,
-               rewriter: Policy | None) -> Path:
+               rewriter: Policy | None, rules: GradeRules = GradeRules()) -> Path:
     """Where the package's tasks of these settings are kept: named by a hash of every setting but
-    `tasks_per_package`, then that number (see `cached_tasks`)."""
+    `tasks_per_package`, then that number (see `cached_tasks`). `rules`: what the tasks were run and validated
+    under (a suite that passes under one timeout or memory limit may not under another)."""
     more = ()  # settings added later join the key only when used, so earlier caches stay valid
+    if rules != GradeRules():
+        more += ("rules", rules)
     if config.rewrite:
         more += ("rewrite", config.rewrites_per_package, rewriter.name if rewriter else "none")
     if config.combine:

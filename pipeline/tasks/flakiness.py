@@ -18,12 +18,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import polars as pl
 
 from pipeline.core.records import Trajectory
 from pipeline.core.schema import fields_of, record_schema
+from pipeline.core.config_tree import check_ranges
 from pipeline.core.setting_ranges import Count
 from pipeline.core.store import read_records, write_rows
 
@@ -41,8 +42,7 @@ class QuarantineConfig:
     """Instance ids taken back out of quarantine (their records are kept; remove an id to quarantine it again)."""
 
     def __post_init__(self) -> None:
-        if self.recheck_runs < 1:
-            raise ValueError(f"QuarantineConfig.recheck_runs is {self.recheck_runs}; it must be at least 1")
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,18 @@ def validation_record(instance_id: str, run_id: str, golds: list[tuple[bool, str
                        time.time() if now is None else now)
 
 
-def rollout_records(trajectories: Iterable[Trajectory], mismatches: Iterable[Mapping], run_id: str,
+@dataclass(frozen=True)
+class RewardMismatch:
+    """A stored reward that a fresh grade of the stored patch did not reproduce."""
+
+    rollout_id: str
+    stored: float
+    now: float
+    reason: str
+    """The fresh grade's reason."""
+
+
+def rollout_records(trajectories: Iterable[Trajectory], mismatches: Iterable[RewardMismatch], run_id: str,
                     now: float | None = None) -> list[TaskRecheck]:
     """Records of the tasks a batch graded inconsistently: one patch resolved in one attempt and not in
     another, or a stored reward a fresh grade did not reproduce (`RegradeReport.mismatches`)."""
@@ -131,12 +142,12 @@ def rollout_records(trajectories: Iterable[Trajectory], mismatches: Iterable[Map
                     "same patch, resolved in " + ", ".join(t.rollout_id for t in group if t.resolved)
                     + "; not in " + ", ".join(t.rollout_id for t in group if not t.resolved))
     for row in mismatches:
-        task = task_of.get(row["rollout_id"])
+        task = task_of.get(row.rollout_id)
         if task:
             runs[task] += 2
             split[task] += 1
-            evidence.setdefault(task, []).append(f"{row['rollout_id']}: stored reward {row['stored']}, "
-                                                 f"re-graded {row['now']} ({row.get('reason', '')})")
+            evidence.setdefault(task, []).append(f"{row.rollout_id}: stored reward {row.stored}, "
+                                                 f"re-graded {row.now} ({row.reason})")
     stamp = time.time() if now is None else now
     return [TaskRecheck(task, run_id, "rollouts", runs[task], split[task], -1, False,
                         "; ".join(evidence[task])[:2000], stamp) for task in sorted(evidence)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Mapping
 
+import docker
 import docker.errors
 from unidiff import PatchSet
 
@@ -107,6 +108,14 @@ def _only_reachable(sandbox: Sandbox, task: Task) -> None:
                            f"failed (exit {result.exit_code}): {result.output[-1500:]}")
 
 
+def environment_sandbox(image: str, workdir: str, config: SandboxSpec | None = None, base_commit: str | None = None,
+                        client: docker.DockerClient | None = None) -> DockerSandbox:
+    """A started Docker sandbox of an environment image, prepared for no task yet: the one place the pipeline
+    makes a DockerSandbox (task sandboxes, prepared images, synthesis's working sandboxes), so every sandbox gets
+    the same limits (`config`: a run's are GradeRules.sandbox) and backend. A context manager: removed on exit."""
+    return DockerSandbox(image, workdir=workdir, config=config, base_commit=base_commit, client=client)
+
+
 @contextlib.contextmanager
 def task_sandbox(task: Task, config: SandboxSpec | None = None) -> Iterator[DockerSandbox]:
     """A ready DockerSandbox for `task`, removed on exit whatever happens."""
@@ -116,8 +125,7 @@ def task_sandbox(task: Task, config: SandboxSpec | None = None) -> Iterator[Dock
     elif task.base_commit:  # a synthesized task: its bug applied and committed once per task
         prepared = prepared_image(task)
         image = prepared or image
-    with DockerSandbox(image, workdir=task.workdir, config=config,
-                       base_commit=task.base_commit or None) as sandbox:
+    with environment_sandbox(image, task.workdir, config, base_commit=task.base_commit or None) as sandbox:
         sandbox.environment = task.image
         if prepared:
             _check_head(sandbox, task)
@@ -146,7 +154,7 @@ def prepared_image(task: Task) -> str | None:
         if image_exists(client, tag):
             return tag
         try:
-            with DockerSandbox(task.image, workdir=task.workdir, client=client) as sandbox:
+            with environment_sandbox(task.image, task.workdir, client=client) as sandbox:
                 prepare(sandbox, task)
                 config = source.attrs.get("Config") or {}
                 labels = {**(config.get("Labels") or {}), LABEL: "prepared", f"{LABEL}.task": task.instance_id,

@@ -17,7 +17,7 @@ from itertools import zip_longest
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from pipeline.synthesis.mutators import MUTATION_KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
+from pipeline.synthesis.mutation_kinds import MUTATION_KINDS, MUTATORS_BY_KIND, NodePath, node_at, replace_at, walk_body
 from pipeline.synthesis.pyparse import parse_python
 from pipeline.synthesis.splice import FuncNode, normal_dump, source_lines, splice
 
