@@ -8,13 +8,14 @@ tests, submit), so each attempt does real sandbox work and its grade runs the te
 is 5 turns where a real attempt takes 20-100, so --turns pads it (default 20) with the read-only calls an agent
 makes while it explores (listings, views, greps), all before the edit: the fix, and so the grade, stay the same.
 
-    nice -n 10 python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 2] [--turns 20]
-Needs the demo's tasks and images (`make demo`). Per W it prints attempts per minute next to the ideal for the
-delay (W / (turns x delay + work), work: the script's commands and the grader's test run, measured alone
-first; --turns 0: the bare 5-turn script), the pipeline's own CPU per attempt (this process, plus the containers'
+    nice -n 10 python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 4] [--turns 20]
+Needs the demo's tasks and images (`make demo`). Per W it prints attempts per minute, over the whole batch and
+steady (while every worker is busy: the first wave's start and the last wave's stragglers left out), next to the
+ideal for the delay (W / (turns x delay + work), work: the script's commands and the grader's test run, measured
+alone first; --turns 0: the bare 5-turn script), where an attempt's wall time went (model, tools, grade), the pipeline's own CPU per attempt (this process, plus the containers'
 CPU less that work) and its share of an attempt's wall time, take and container-start latency, memory per live
 sandbox, and infra errors, lost attempts and containers left.
-Targets (2 cores): W=32 >= 0.9 of the ideal, no infra error, lost attempt or container left, own time <= 5%
+Targets (2 cores): W=32 >= 0.9 of the ideal (steady), no infra error, lost attempt or container left, own time <= 5%
 of an attempt's wall time; W=64 completes.
 """
 
@@ -155,17 +156,21 @@ def package(instance_id: str) -> str:
 
 
 def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int, delay: float, base_url: str,
-              out: Path, pool_size: int | None = None, agent: AgentConfig = AgentConfig()) -> dict:
+              out: Path, pool_size: int | None = None, agent: AgentConfig = AgentConfig(),
+              grade_workers: int = 0) -> dict:
     """One batch of width x rounds attempts, `width` at once; its figures."""
     config = RolloutConfig(attempts=math.ceil(width * rounds / len(tasks)), workers=width, agent=agent,
+                           grade_workers=grade_workers,
                            pool=PoolConfig(size=pool_size if pool_size is not None else max(2, width // 4)))
     policy = OpenAIPolicy(OpenAIPolicyConfig(model="scripted", base_url=base_url, max_retries=2))
     jobs = plan_jobs(tasks, policy, config, f"w{width}")
     jobs = sorted(jobs, key=lambda j: j.sample_index)[:width * rounds]  # round robin over the tasks
     metered = Metered(task_sandbox)
     before, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu()
+    finishes: list[float] = []  # run_batch reports each attempt once, as it is stored
     with Sampler(metered) as sampler:
-        summary = run_batch(jobs, policy, config, out / f"w{width}", f"w{width}", progress=lambda _: None,
+        summary = run_batch(jobs, policy, config, out / f"w{width}", f"w{width}",
+                            progress=lambda m: m.startswith("rollouts ") and finishes.append(time.monotonic()),
                             sandboxes=metered)
     after, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine
     trajs = summary.trajectories
@@ -185,7 +190,8 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     return {
         "width": width, "turns": statistics.mean(len(t.steps) for t in trajs), "attempts": n,
         "seconds": summary.seconds,
-        "per_minute": n / summary.seconds * 60, "ideal": ideal, "ceiling": ceiling,
+        "per_minute": n / summary.seconds * 60, "steady": steady_rate(sorted(finishes), width), "ideal": ideal,
+        "ceiling": ceiling,
         "own_cpu": own / n, "process_cpu": own_process / n,
         "container_cpu": None if container_own is None else container_own / n,
         "share": own / n / statistics.mean(walls), "engine_cpu": engine / n, "wall": statistics.mean(walls),
@@ -204,6 +210,16 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     }
 
 
+def steady_rate(finishes: list[float], width: int) -> float | None:
+    """Attempts a minute while every worker is busy: from the width-th attempt stored to the width-th before the
+    last (the first wave's start and the last wave's stragglers left out, as in a nightly batch of thousands,
+    where they are a rounding error); None with fewer than three waves."""
+    first, last = width - 1, len(finishes) - width
+    if last - first < width:
+        return None
+    return (last - first) / (finishes[last] - finishes[first]) * 60
+
+
 def why_lost(t) -> str:
     """An unresolved attempt's exit status, grade reason or infra error, error, and the tests that failed."""
     report = json.loads(t.report or "{}")
@@ -213,7 +229,7 @@ def why_lost(t) -> str:
 
 
 def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, pool_size: int | None = None,
-            report=print, turns: int = 20, jitter: float = 0.0) -> list[dict]:
+            report=print, turns: int = 20, jitter: float = 0.0, grade_workers: int = 0) -> list[dict]:
     """The whole benchmark: the work measured alone, then a batch per width against the scripted server."""
     agent = AgentConfig(max_steps=max(AgentConfig.max_steps, turns))  # a long script must reach its submit
     config = RolloutConfig(agent=agent)
@@ -232,7 +248,7 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
             rows = []
             for width in widths:
                 rows.append(run_width(tasks, work, width, rounds, delay, base_url, Path(tmp), pool_size,
-                                      agent))
+                                      agent, grade_workers))
                 report(line(rows[-1]))
                 for why in rows[-1]["why_lost"]:
                     report(f"  not resolved: {why}")
@@ -242,14 +258,16 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
     return rows
 
 
-HEADER = ("W", "turns", "att/min", "ideal", "ratio", "CPU ceiling", "own CPU s", "proc s", "cont s", "own/wall",
+HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "CPU ceiling", "own CPU s", "proc s", "cont s", "own/wall",
           "engine s", "wall s", "model s", "tools s", "grade s", "take p50 ms", "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live",
           "threads", "fds", "infra", "lost", "left", "warm/cold takes")
 
 
 def line(r: dict) -> str:
     """One width's figures, in HEADER's order."""
-    values = (r["width"], r["turns"], r["per_minute"], r["ideal"], r["per_minute"] / r["ideal"], r["ceiling"],
+    steady = r["steady"]
+    values = (r["width"], r["turns"], r["per_minute"], steady, r["ideal"], r["per_minute"] / r["ideal"],
+              None if steady is None else steady / r["ideal"], r["ceiling"],
               r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"], r["wall"],
               r["model_s"], r["tools_s"], r["grade_s"], r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"], r["start_p99"], r["mem_mib"],
               r["live_peak"], r["threads_peak"], r["fds_peak"], r["infra"], r["lost"], r["left"],
@@ -264,11 +282,14 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=2.0, help="seconds the server takes per turn")
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="each turn's delay drawn from delay x [1 - jitter, 1 + jitter] (mean: the delay)")
-    parser.add_argument("--rounds", type=int, default=2, help="attempts per worker in each batch")
+    parser.add_argument("--rounds", type=int, default=4, help="attempts per worker in each batch (3 or more: the "
+                        "steady rate is printed too)")
     parser.add_argument("--turns", type=int, default=20,
                         help="turns an attempt takes: the 5-turn expert script padded with read-only calls "
                              "(real attempts take 20-100); 0 or fewer than the script: the bare script")
     parser.add_argument("--pool-size", type=int, default=None, help="the warm pool's size (default W/4, >= 2)")
+    parser.add_argument("--grade-workers", type=int, default=0,
+                        help="rollout.grade_workers: grades at once beside the attempts (0, the default: one per core)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -280,11 +301,11 @@ def main() -> None:
         parser.error(f"--jitter {args.jitter}: a turn's delay would reach 0 or below; give a value in [0, 1)")
     print(f"{len(tasks)} tasks; delay {args.delay} s a turn (+-{args.jitter:.0%}); "
           f"{args.turns or 'bare script'} turns; "
-          f"{args.rounds} attempts per worker; "
+          f"{args.rounds} attempts per worker; {args.grade_workers or os.cpu_count()} grades at once; "
           f"{os.cpu_count()} cores")
     print(" | ".join(HEADER))
     measure(tasks, [int(w) for w in args.widths.split(",")], args.delay, args.rounds, args.pool_size,
-            turns=args.turns, jitter=args.jitter)
+            turns=args.turns, jitter=args.jitter, grade_workers=args.grade_workers)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import subprocess
+import threading
 
 import pytest
 
@@ -16,6 +18,7 @@ from pipeline.core.records import Guidance, GuidancePlan, Task
 from pipeline.core.layout import probe_batch
 from pipeline.rollouts.rescue import GuidanceConfig, action_plans, probe_job
 from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
+from pipeline.rollouts.sandbox_pool import PoolConfig
 from pipeline.verifier.environment import LocalTaskSandboxes
 from pipeline.verifier.empty_patch import known_grade
 from pipeline.verifier.grading import grade
@@ -170,3 +173,39 @@ def test_an_empty_patch_is_graded_once_per_task_and_a_regrade_runs_it_again(sand
     assert known_grade(calc_task(), "", *settings, elsewhere) is None  # another factory: another environment
     assert known_grade(calc_task(), "\n", *settings, counted).log[-200:] == first.trajectories[0].test_log[-200:]
     assert known_grade(calc_task(), GOLD, *settings, counted) is None
+
+
+def test_a_worker_starts_its_next_attempt_while_the_last_one_is_graded(tmp_path, monkeypatch):
+    """One worker, one grader, three attempts, tests that take a second: each grade runs beside the next attempt
+    (two sandboxes open at once), where a worker that waited for its grade never had more than one."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    repo = make_repo(tmp_path / "calc")
+    test = repo / "tests" / "test_calc.py"
+    test.write_text("import time\n" + test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(1)\n"))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
+    local, lock, open_now, most = LocalTaskSandboxes(repos={"local/calc": str(repo)}), threading.Lock(), [0], [0]
+
+    @contextlib.contextmanager
+    def counted(task, config=None):
+        with local(task, config) as sandbox:
+            with lock:
+                open_now[0] += 1
+                most[0] = max(most[0], open_now[0])
+            try:
+                yield sandbox
+            finally:
+                with lock:
+                    open_now[0] -= 1
+
+    policy = HintFollower()
+    task = calc_task()
+    config = dataclasses.replace(CONFIG, attempts=3, workers=1, grade_workers=1, pool=PoolConfig(size=0))
+    jobs = plan_jobs([task], policy, config, "b1", {task.instance_id: PLAN})
+    summary = run_batch(jobs, policy, config, tmp_path / "b1", "b1", sandboxes=counted)
+    assert [t.resolved for t in summary.trajectories] == [True, True, True]
+    assert most[0] == 2
+
+
+def test_grades_at_once_default_to_the_cores():
+    assert RolloutConfig().graders() == (os.cpu_count() or 1)
+    assert RolloutConfig(grade_workers=3).graders() == 3

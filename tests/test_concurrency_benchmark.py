@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from benchmarks.concurrency import exploring, measure, padded_actions, prompt_key, scripts
+from benchmarks.concurrency import exploring, measure, padded_actions, prompt_key, scripts, steady_rate
 from pipeline.agent.loop import AgentConfig, unguided_prompt
 from pipeline.agent.tools import execute
 from pipeline.guidance.expert import expert_actions
@@ -71,13 +71,13 @@ def test_the_pool_expects_requests_in_the_order_a_batch_makes_them():
 @pytest.mark.docker
 def test_four_attempts_at_once_all_resolve_and_leave_nothing(synth_run):
     lines: list[str] = []
-    rows = measure(synth_run[0], [4], delay=0.1, rounds=1, report=lines.append, turns=12)
+    rows = measure(synth_run[0], [4], delay=0.1, rounds=3, report=lines.append, turns=12)
     (row,) = rows
-    assert row["width"] == 4 and row["attempts"] == 4
+    assert row["width"] == 4 and row["attempts"] == 12
     assert row["turns"] == 12 and "12 turns" in lines[0]  # every attempt went through the padded script
     assert (row["infra"], row["lost"], row["left"]) == (0, 0, 0), lines
-    assert row["per_minute"] > 0 and row["ideal"] > 0
-    assert row["warm"] + row["cold"] == 8  # one agent and one grading sandbox per attempt, through the pool
+    assert row["per_minute"] > 0 and row["ideal"] > 0 and row["steady"] > 0
+    assert row["warm"] + row["cold"] == 24  # one agent and one grading sandbox per attempt, through the pool
     assert len(lines) == 2  # the work line of the one repository, then the row
     assert row["process_cpu"] > 0 and row["start_p50"] > 0 and row["threads_peak"] >= 4
 
@@ -104,3 +104,9 @@ def test_a_closed_sandbox_holds_no_file_descriptor(base_image):
         gc.enable()
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_steady_rate_leaves_out_the_first_wave_and_the_last_stragglers():
+    finishes = [10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 45.0, 60.0]  # 2 workers, 4 waves; the last ones straggle
+    assert steady_rate(finishes, 2) == 5 / (45.0 - 11.0) * 60  # 5 stored from the 2nd to the 2nd before the last
+    assert steady_rate(finishes[:4], 2) is None  # fewer than three waves: no middle to measure

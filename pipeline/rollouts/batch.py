@@ -12,9 +12,10 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -54,7 +55,17 @@ class RolloutConfig:
     seed: Seed = 0
     """Base seed; attempt i of a group gets seed + i."""
     workers: Count = 2
-    """Attempts run at once, i.e. the bound on live agent sandboxes."""
+    """Attempts run at once, i.e. the bound on live agent sandboxes (and on conversations with the model server)."""
+    grade_workers: CountOrZero = 0
+    """Grades run at once, each in its own sandbox, beside the attempts: a worker goes on to its next attempt while
+    the last one's patch is graded (the grade waits its turn), so the model server keeps `workers` conversations
+    whatever the tests take; 0: one per core of this machine (tests are CPU work: more at once only share the cores,
+    and slow the attempts' own commands); with a remote Docker engine, its cores. Live sandboxes: up to
+    `workers` + this + `pool.size`."""
+
+    def graders(self) -> int:
+        """Grades at once: `grade_workers`, else this machine's cores."""
+        return self.grade_workers or os.cpu_count() or 1
     infra_retries: CountOrZero = 2
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     stop_after_infra_failures: CountOrZero = 8
@@ -75,7 +86,7 @@ class RolloutConfig:
     """Limits of every agent and grading sandbox."""
     pool: PoolConfig = field(default_factory=PoolConfig)
     """Sandboxes started and prepared ahead of the attempts and grades that take them (within the step's
-    `sandboxes` slot: `size` containers besides the `workers` in use)."""
+    `sandboxes` slot: `size` containers besides those of the attempts and grades in flight)."""
 
     def grade_rules(self) -> GradeRules:
         """The one value every grade, re-grade, validation and replay of a run is made under."""
@@ -125,15 +136,20 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
         todo = [j for j in jobs if j.rollout_id not in stored]
         counter = Progress(len(jobs), len(jobs) - len(todo), progress)
         streak = InfraStreak(config.stop_after_infra_failures)
-        with SandboxPool(sandboxes, config.pool) as pool, ThreadPoolExecutor(max(1, config.workers)) as threads:
+        with SandboxPool(sandboxes, config.pool) as pool, ThreadPoolExecutor(config.workers) as agents, \
+                ThreadPoolExecutor(config.graders()) as graders:
             pool.expect(batch_order([(j.task, config.sandbox) for j in todo], config.workers))
 
-            def work(job: Job) -> Trajectory:
-                traj = _store(out_dir, run_job(job, policy, config, batch, pool))
+            def finish(job: Job, out: _Outcome) -> Trajectory:
+                traj = _store(out_dir, finish_job(job, out, policy, config, batch, pool))
                 counter.done(traj)
                 return traj
 
-            for traj in streak.watch(threads, work, todo):
+            def work(job: Job) -> Trajectory | Future[Trajectory]:
+                out = attempt_job(job, policy, config, pool)
+                return graders.submit(finish, job, out) if out.gradable else finish(job, out)
+
+            for traj in streak.watch(agents, work, todo):
                 stored[traj.rollout_id] = traj
         compact(out_dir)
         if streak.stopped:
@@ -170,12 +186,19 @@ def _store(out_dir: Path, traj: Trajectory) -> Trajectory:
 
 @dataclass
 class _Outcome:
-    """How far one job got: its attempt, its grade, the fault left and the retries spent."""
+    """How far one job got: its attempt, its grade, the fault left, the retries spent, and the exception that
+    ended it (a crash)."""
 
     attempt: Attempt | None = None
     verdict: Grade | None = None
     infra: str = ""
     retries: int = 0
+    crash: BaseException | None = None
+
+    @property
+    def gradable(self) -> bool:
+        """An attempt ran to its end: its patch is to be graded."""
+        return self.attempt is not None and not self.infra and self.crash is None
 
 
 def run_job(job: Job, policy: Policy, config: RolloutConfig, batch: str,
@@ -184,16 +207,35 @@ def run_job(job: Job, policy: Policy, config: RolloutConfig, batch: str,
 
     A grader fault re-grades the same patch, it does not re-run the agent. Any other exception (a bug
     of the policy, the grader or the harness) is deterministic: the attempt is stored 'crashed', not retried.
+    `run_batch` runs the two halves on different threads (`attempt_job`, `finish_job`).
     """
+    return finish_job(job, attempt_job(job, policy, config, sandboxes), policy, config, batch, sandboxes)
+
+
+def attempt_job(job: Job, policy: Policy, config: RolloutConfig, sandboxes: SandboxFactory = task_sandbox) -> _Outcome:
+    """The agent's half of a job: its attempt, retried on infrastructure faults; a crash is kept, not raised."""
     out = _Outcome()
     try:
         _run_agent(job, policy, config, sandboxes, out)
-        _grade(job, config, sandboxes, out)
-        return to_trajectory(job, policy, batch, out.attempt, out.verdict, out.infra, out.retries, config.quote_ngram)
     except Exception as exc:  # the per-attempt boundary: one bad attempt must not fail the batch
         log.exception("%s #%d crashed", job.task.instance_id, job.sample_index)
-        return to_trajectory(job, policy, batch, out.attempt, None, crash_text(exc), out.retries, config.quote_ngram,
-                             crash="".join(traceback.format_exception(exc)))
+        out.crash = exc
+    return out
+
+
+def finish_job(job: Job, out: _Outcome, policy: Policy, config: RolloutConfig, batch: str,
+               sandboxes: SandboxFactory = task_sandbox) -> Trajectory:
+    """The grader's half: the attempt's grade (when it has one to get) and its stored record."""
+    try:
+        if out.crash is None:
+            _grade(job, config, sandboxes, out)
+            return to_trajectory(job, policy, batch, out.attempt, out.verdict, out.infra, out.retries,
+                                 config.quote_ngram)
+    except Exception as exc:  # as in attempt_job
+        log.exception("%s #%d crashed", job.task.instance_id, job.sample_index)
+        out.crash = exc
+    return to_trajectory(job, policy, batch, out.attempt, None, crash_text(out.crash), out.retries, config.quote_ngram,
+                         crash="".join(traceback.format_exception(out.crash)))
 
 
 def crash_text(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
-from concurrent.futures import Executor, as_completed
+from concurrent.futures import Executor, Future, as_completed
 from typing import Callable, Iterator, TypeVar
 
 from pipeline.core.records import Trajectory
@@ -47,27 +47,40 @@ class InfraStreak:
         self.cause, self.last = cause, fault
         return bool(self.limit) and self.count >= self.limit
 
-    def watch(self, threads: Executor, work: Callable[[J], Trajectory], jobs: list[J]) -> Iterator[Trajectory]:
+    def watch(self, threads: Executor, work: Callable[[J], Trajectory | Future[Trajectory]],
+              jobs: list[J]) -> Iterator[Trajectory]:
         """`work` of each job on `threads`, as each finishes; once the streak is reached (`stopped`), no job starts
-        any more, and those in flight still finish and come (the caller stores each)."""
+        any more, and those in flight still finish and come (the caller stores each). `work` may hand the end of a
+        job to another executor (the grade) and return its future: it counts when that future is done."""
         lock = threading.Lock()
 
-        def counted(job: J) -> Trajectory | None:
+        def count(traj: Trajectory) -> None:
+            with lock:
+                self.stopped = self.stopped or self.add(traj)
+
+        def counted(job: J) -> Trajectory | Future[Trajectory] | None:
             if self.stopped:  # a worker took it after the streak was reached: not run
                 return None
-            traj = work(job)
-            with lock:  # counted as it finishes, in the worker: the next job a worker takes sees the stop
-                self.stopped = self.stopped or self.add(traj)
-            return traj
+            result = work(job)
+            if isinstance(result, Future):
+                result.add_done_callback(lambda f: f.exception() or count(f.result()))
+            else:  # counted as it finishes, in the worker: the next job a worker takes sees the stop
+                count(result)
+            return result
 
         futures = [threads.submit(counted, job) for job in jobs]
+        later: list[Future[Trajectory]] = []
         for future in as_completed(futures):
             if self.stopped:
                 for f in futures:
                     f.cancel()  # False for one in flight or done: only those not started are dropped
-            traj = None if future.cancelled() else future.result()
-            if traj is not None:
-                yield traj
+            result = None if future.cancelled() else future.result()
+            if isinstance(result, Future):
+                later.append(result)
+            elif result is not None:
+                yield result
+        for future in as_completed(later):
+            yield future.result()
 
     def error(self, batch: str, stored: int, total: int) -> InfraStreakError:
         """The error that ends a batch that stopped: the cause, how many in a row, what is kept, how to go on."""
