@@ -35,7 +35,6 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pipeline.core.records import TRAJECTORY_SCHEMA  # noqa: E402
-from pipeline.core.store import ROW_GROUP_ROWS  # noqa: E402
 from pipeline.core.vocab import GUIDANCE_KINDS  # noqa: E402
 
 TOOLS = json.dumps([{"type": "function", "function": {"name": n, "description": "x" * 300,
@@ -133,8 +132,7 @@ def generate(data: Path, total: int, batches: int, seed: int = 0) -> dict[str, s
         for origin, chunk in rows.items():
             path = data / "trajectories" / origin / batch / "trajectories.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
-            # as the rollouts' compacted file is written (pipeline/core/store.py write_rows)
-            pq.write_table(with_logprobs(chunk, nrng), path, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+            pq.write_table(with_logprobs(chunk, nrng), path, compression="zstd")
     return gold
 
 

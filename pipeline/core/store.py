@@ -16,11 +16,6 @@ from pipeline.core.records import TRAJECTORY_SCHEMA, Trajectory
 from pipeline.core.schema import schema_record, schema_version
 
 
-ROW_GROUP_ROWS = 256
-"""Rows per row group of every stored file: a reader streaming a batch of trajectories holds one group of each
-file, whatever the batch's size (one group per file made it hold the whole file's column chunks)."""
-
-
 class RecordContractError(ValueError):
     """A stored file holds another record kind, version or set of columns than this code reads."""
 
@@ -33,7 +28,7 @@ def write_rows(path: str | os.PathLike, rows: Iterable[dict[str, Any]], schema: 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+        pq.write_table(table, tmp, compression="zstd")
         os.chmod(tmp, 0o644)  # mkstemp makes it private; outputs are meant to be shared
         os.replace(tmp, path)
     except OSError as exc:
