@@ -10,7 +10,7 @@ makes while it explores (listings, views, greps), all before the edit: the fix, 
 
     nice -n 10 python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 4] [--turns 20]
 Needs the demo's tasks and images (`make demo`). Per W it prints attempts per minute, over the whole batch and
-steady (while every worker is busy: the first wave's start and the last wave's stragglers left out), next to the
+steady (W / the mean time an attempt holds its worker: what W busy workers sustain), next to the
 ideal for the delay (W / (turns x delay + work), work: the script's commands and the grader's test run, measured
 alone first; --turns 0: the bare 5-turn script), where an attempt's wall time went (model, tools, grade), the pipeline's own CPU per attempt (this process, plus the containers'
 CPU less that work) and its share of an attempt's wall time, take and container-start latency, memory per live
@@ -22,6 +22,7 @@ of an attempt's wall time; W=64 completes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import itertools
@@ -50,6 +51,7 @@ from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig  # noq
 from pipeline.agent.tools import execute  # noqa: E402
 from pipeline.guidance.expert import expert_actions, patch_edits  # noqa: E402
 from pipeline.core.records import Task  # noqa: E402
+from pipeline.rollouts import batch as batch_module  # noqa: E402
 from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch  # noqa: E402
 from pipeline.rollouts.sandbox_pool import PoolConfig, percentile  # noqa: E402
 from pipeline.verifier.environment import task_sandbox  # noqa: E402
@@ -167,10 +169,9 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     jobs = sorted(jobs, key=lambda j: j.sample_index)[:width * rounds]  # round robin over the tasks
     metered = Metered(task_sandbox)
     before, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu()
-    finishes: list[float] = []  # run_batch reports each attempt once, as it is stored
-    with Sampler(metered) as sampler:
-        summary = run_batch(jobs, policy, config, out / f"w{width}", f"w{width}",
-                            progress=lambda m: m.startswith("rollouts ") and finishes.append(time.monotonic()),
+    held: list[float] = []  # seconds each attempt held its worker
+    with Sampler(metered) as sampler, timed(batch_module, "attempt_job", held):
+        summary = run_batch(jobs, policy, config, out / f"w{width}", f"w{width}", progress=lambda _: None,
                             sandboxes=metered)
     after, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine
     trajs = summary.trajectories
@@ -190,7 +191,7 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     return {
         "width": width, "turns": statistics.mean(len(t.steps) for t in trajs), "attempts": n,
         "seconds": summary.seconds,
-        "per_minute": n / summary.seconds * 60, "steady": steady_rate(sorted(finishes), width), "ideal": ideal,
+        "per_minute": n / summary.seconds * 60, "steady": steady_rate(held, width), "ideal": ideal,
         "ceiling": ceiling,
         "own_cpu": own / n, "process_cpu": own_process / n,
         "container_cpu": None if container_own is None else container_own / n,
@@ -210,14 +211,30 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     }
 
 
-def steady_rate(finishes: list[float], width: int) -> float | None:
-    """Attempts a minute while every worker is busy: from the width-th attempt stored to the width-th before the
-    last (the first wave's start and the last wave's stragglers left out, as in a nightly batch of thousands,
-    where they are a rounding error); None with fewer than three waves."""
-    first, last = width - 1, len(finishes) - width
-    if last - first < width:
-        return None
-    return (last - first) / (finishes[last] - finishes[first]) * 60
+@contextlib.contextmanager
+def timed(module, name: str, seconds: list[float]):
+    """Within the block, each call of `module.name` appends its wall seconds to `seconds`."""
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(module, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def steady_rate(held: list[float], width: int) -> float | None:
+    """Attempts a minute that `width` busy workers sustain: width / the mean seconds an attempt holds its worker
+    (its sandbox take and agent loop; the grade runs on a grader thread). The batch's own rate adds the first
+    wave's start and the last wave's stragglers, which a nightly batch of thousands makes a rounding error."""
+    return width / statistics.mean(held) * 60 if held else None
 
 
 def why_lost(t) -> str:
@@ -282,8 +299,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=2.0, help="seconds the server takes per turn")
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="each turn's delay drawn from delay x [1 - jitter, 1 + jitter] (mean: the delay)")
-    parser.add_argument("--rounds", type=int, default=4, help="attempts per worker in each batch (3 or more: the "
-                        "steady rate is printed too)")
+    parser.add_argument("--rounds", type=int, default=4, help="attempts per worker in each batch")
     parser.add_argument("--turns", type=int, default=20,
                         help="turns an attempt takes: the 5-turn expert script padded with read-only calls "
                              "(real attempts take 20-100); 0 or fewer than the script: the bare script")

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from benchmarks.concurrency import exploring, measure, padded_actions, prompt_key, scripts, steady_rate
+from benchmarks.concurrency import exploring, measure, padded_actions, prompt_key, scripts, steady_rate, timed
 from pipeline.agent.loop import AgentConfig, unguided_prompt
 from pipeline.agent.tools import execute
 from pipeline.guidance.expert import expert_actions
@@ -106,7 +106,15 @@ def test_a_closed_sandbox_holds_no_file_descriptor(base_image):
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_the_steady_rate_leaves_out_the_first_wave_and_the_last_stragglers():
-    finishes = [10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 45.0, 60.0]  # 2 workers, 4 waves; the last ones straggle
-    assert steady_rate(finishes, 2) == 5 / (45.0 - 11.0) * 60  # 5 stored from the 2nd to the 2nd before the last
-    assert steady_rate(finishes[:4], 2) is None  # fewer than three waves: no middle to measure
+def test_the_steady_rate_is_the_workers_over_the_time_an_attempt_holds_one():
+    assert steady_rate([40.0, 50.0], 4) == 4 / 45.0 * 60  # four workers, 45 s an attempt: 5.33 a minute
+    assert steady_rate([], 4) is None
+
+
+def test_timed_counts_each_call_and_puts_the_function_back():
+    import types
+    module, seconds = types.SimpleNamespace(f=lambda x: x + 1), []
+    original = module.f
+    with timed(module, "f", seconds):
+        assert module.f(1) == 2 and module.f(2) == 3
+    assert len(seconds) == 2 and module.f is original
