@@ -171,8 +171,8 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     before, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu()
     held: list[float] = []  # seconds each attempt held its worker
     with Sampler(metered) as sampler, timed(batch_module, "attempt_job", held):
-        summary = run_batch(jobs, policy, config, out / f"w{width}", f"w{width}", progress=lambda _: None,
-                            sandboxes=metered)
+        folder = Path(tempfile.mkdtemp(prefix=f"w{width}-", dir=out))  # a width asked twice runs twice
+        summary = run_batch(jobs, policy, config, folder, f"w{width}", progress=lambda _: None, sandboxes=metered)
     after, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine
     trajs = summary.trajectories
     n = len(jobs)
