@@ -14,6 +14,7 @@ import dagster as dg
 from assets.partitions import after_new_batch
 from assets.resources import Credentials, HandholdSettings, retried_on_infra
 from pipeline.agent.factory import PolicySpec, make_policy
+from pipeline.agent.server_check import check_server
 from pipeline.rollouts.costs import CostConfig
 from pipeline.datasets.release import dataset_identity
 from pipeline.core.pictures import markdown_image
@@ -166,6 +167,7 @@ def evaluate_model(context, label: str, path: str, held_out: list, trained: list
     from training.evaluation import evaluate, model_identity
 
     policy = evaluation_policy(label, path, evaluation, credentials)
+    check_server(policy, "evaluation")  # a served checkpoint that does not answer stops the step before any attempt
     result = evaluate(label, policy, held_out, rollout, layout.evaluation(batch, label), batch,
                       progress=context.log.info, prices=prices)
     seen = (evaluate(f"{label}-on-trained", policy, trained, rollout, layout.evaluation(batch, f"{label}-on-trained"),

@@ -17,7 +17,7 @@ import docker.errors
 
 from sandbox import become_builtin, session_files
 from sandbox.base import CommandResult, SandboxError, SandboxSpec
-from sandbox.exec_stream import StdoutFrames, run_in_exec
+from sandbox.exec_stream import StdoutFrames, exec_socket, run_in_exec
 from sandbox.images import LABEL, SANDBOX_USER, docker_client
 from sandbox.shell import (STATE_DIR, ShellClosed, ShellSession, interrupt_command, restart_kill_command,
                            run_or_restart, server_argv)
@@ -126,7 +126,7 @@ class DockerSandbox:
         loop_user = "root" if self.run_as else (self.user or "")
         exec_id = self.client.api.exec_create(self.container.id, argv, stdin=True, stdout=True, stderr=True,
                                               tty=False, user=loop_user)["Id"]
-        self._sock = self.client.api.exec_start(exec_id, socket=True)._sock
+        self._sock = exec_socket(self.client, exec_id)
         self._shell = ShellSession(self._send, StdoutFrames(self._sock).recv, self._interrupt,
                                    cap=self.config.output_cap, become=become_builtin.encoded())
 

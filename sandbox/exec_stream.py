@@ -24,6 +24,27 @@ WRAPPER = ('if [ "$4" -gt 0 ]; then head -c "$4" | timeout -k 5 "$1" bash --nopr
            'rc=$?; printf %s "$3"; read -r -t 60 _; exit $rc')
 
 
+def exec_socket(client, exec_id: str) -> socket.socket:
+    """A started exec's stream as a socket of its own. docker-py hands out the HTTP response's socket while the
+    response (kept alive in a reference cycle with it) still owns it: when that cycle was collected, the response
+    closed its connection, and with it the socket of a live shell ("shell lost ([Errno 9] Bad file descriptor)",
+    seen at 32-64 attempts at once). So the stream is duplicated and the response closed at once: nothing else
+    holds the descriptor the caller uses. A TLS stream (a remote engine over https) cannot be duplicated and is
+    returned as it is."""
+    stream = client.api.exec_start(exec_id, socket=True)
+    raw = getattr(stream, "_sock", stream)
+    if not type(raw) is socket.socket:  # a TLS or SSH channel: its state cannot be shared
+        return raw
+    own = raw.dup()
+    response = getattr(stream, "_response", None)
+    try:  # the response closes its reader and its connection, and so the original descriptor: `own` is another
+        (response or stream).close()
+    except (OSError, ValueError):  # already closed
+        pass
+    raw.close()
+    return own
+
+
 def privileged_argv(command: str, timeout: float, stdin_bytes: int) -> tuple[list[str], bytes]:
     """The exec's command line and the marker its output ends with."""
     marker = f"\n__HANDHOLD_END_{secrets.token_hex(8)}__"
@@ -38,7 +59,7 @@ def run_in_exec(client, container_id: str, command: str, timeout: float, stdin: 
     start = time.monotonic()
     argv, marker = privileged_argv(command, timeout, len(stdin))
     exec_id = client.api.exec_create(container_id, argv, stdin=True, stdout=True, stderr=True, user="root")["Id"]
-    sock = client.api.exec_start(exec_id, socket=True)._sock
+    sock = exec_socket(client, exec_id)
     try:
         sock.sendall(stdin)  # the command reads this many bytes, then an end of file (WRAPPER)
         output = read_output(sock, marker, timeout + 30)

@@ -110,8 +110,10 @@ class LoopbackServer(ThreadedServer):
     """A threaded HTTP server on 127.0.0.1 speaking both protocols; see the module docstring."""
 
     def __init__(self, script: Script, *, fail_first: int = 0, fail_status: int = 500,
-                 repeat_last: bool = False):
+                 repeat_last: bool = False, models: tuple[str, ...] = ("loopback",)):
         self.script = script
+        self.models = models
+        """What GET /v1/models lists."""
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.repeat_last = repeat_last
@@ -182,7 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            return self._send(200, {"object": "list", "data": [{"id": "loopback", "object": "model"}]})
+            return self._send(200, {"object": "list",
+                                    "data": [{"id": name, "object": "model"} for name in self.owner.models]})
         self._send(404, {"error": {"message": f"no route {self.path}"}})
 
     def _send(self, status: int, payload: dict) -> None:

@@ -86,3 +86,23 @@ def test_an_attempt_whose_container_dies_is_stored_as_an_infra_fault(base_image)
     assert traj.exit_status == "sandbox_error" and traj.exit_status in INFRA_EXITS
     assert traj.infra_error.startswith("sandbox_error: container ") and "is exited" in traj.infra_error
     assert (traj.reward, traj.resolved, traj.grade_reason, traj.patch) == (0.0, False, "", "")  # never graded
+
+
+@pytest.mark.docker
+def test_a_live_shell_survives_the_http_responses_that_started_it(base_image):
+    """docker-py's exec socket stayed owned by its HTTP response, held in a reference cycle: when the garbage
+    collector (or anything else) closed that response, it closed the live shell's socket ("shell lost ([Errno 9]
+    Bad file descriptor)", seen at 32 attempts at once). The shell's socket is now its own."""
+    import gc
+
+    import urllib3
+
+    with DockerSandbox(base_image, workdir="/tmp") as sandbox:
+        assert sandbox.run("echo one").output.strip() == "one"
+        responses = [o for o in gc.get_objects() if isinstance(o, urllib3.response.HTTPResponse)]
+        for response in responses:
+            response.close()  # what collecting them does
+        del responses
+        result = sandbox.run("echo two")
+        assert (result.output.strip(), result.shell_restarted) == ("two", False)
+        assert sandbox.run_privileged("echo three", timeout=30).output.strip() == "three"  # an exec of its own too

@@ -179,3 +179,27 @@ def test_a_rollout_step_whose_server_is_down_exits_1_having_written_nothing(home
             f"e.g. {VLLM}") in out
     assert "retry 1 of" not in out  # not an infrastructure fault to retry the step on
     assert not Layout(data).trajectories("unguided", "b1").exists()
+
+
+def test_an_evaluation_whose_served_checkpoint_is_not_there_stops_before_any_attempt(tmp_path):
+    """`training.evaluation.base_url` set and the server not serving the stage's checkpoint: the evaluation step
+    stops at its check, naming the URL, the checkpoint's name and how to serve it; no attempt runs."""
+    import logging
+    from types import SimpleNamespace
+
+    from assets.resources import Credentials
+    from assets.training import evaluate_model
+    from pipeline.core.layout import Layout
+    from pipeline.rollouts.batch import RolloutConfig
+    from training.config import EvaluationConfig
+
+    server = OpenAIServer([], models=("base",))
+    with server as url:
+        config = EvaluationConfig(base_url=url)
+        context = SimpleNamespace(log=logging.getLogger("evaluation"))
+        with pytest.raises(ServerCheckError, match=r"the evaluation server at .* does not serve 'dpo' .*vllm serve dpo "
+                                                   r".*or set training\.evaluation\.base_url to where it runs, serving "
+                                                   r"each checkpoint under its stage's name; nothing ran"):
+            evaluate_model(context, "dpo", "/unused/when/served", [], [], RolloutConfig(), Layout(tmp_path), "b1",
+                           config, Credentials(policy_api_key="k"))
+    assert server.requests == [] and not (tmp_path / "evaluation").exists()

@@ -335,7 +335,7 @@ def test_each_model_is_scored_on_the_tasks_it_trained_on_beside_the_held_out_one
     from training.config import EvaluationConfig
 
     replies = [Reply(tool_calls=(ToolCall("submit", {}),))] * 2  # one attempt on each list
-    with OpenAIServer(replies) as base_url:
+    with OpenAIServer(replies, models=("sft",)) as base_url:
         config = EvaluationConfig(base_url=base_url, max_steps=2, temperature=0.0)
         context = SimpleNamespace(log=logging.getLogger("evaluation"))
         row = evaluate_model(context, "sft", "/unused/when/served", [toolz_task], [toolz_task],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 CHECK_TIMEOUT = 10.0  # seconds for one request of the check
 # where each role's server and model are set, for the messages
-SETTINGS = {"policy": "policy.", "teacher": "guidance.teacher_"}
+SETTINGS = {"policy": "policy.", "teacher": "guidance.teacher_", "evaluation": "training.evaluation."}
 
 
 class ServerCheckError(ValueError):
@@ -33,10 +33,12 @@ def serve_hint(role: str, model: str, url: str, openai_compatible: bool = True) 
     if not openai_compatible and not url:
         return (f"check {prefix}model (an Anthropic model id or alias, e.g. claude-sonnet-4-5) and the key "
                 f"({prefix}api_key_env)")
-    tools = " --enable-auto-tool-choice --tool-call-parser hermes" if role == "policy" else ""
+    tools = " --enable-auto-tool-choice --tool-call-parser hermes" if role in ("policy", "evaluation") else ""
+    where = (f"set {prefix}base_url to where it runs, serving each checkpoint under its stage's name"
+             if role == "evaluation" else f"set {prefix}base_url to where it runs and {prefix}model to a model it serves")
     return (f"start it, e.g. `vllm serve {model}{tools}` ({'the tool-call parser your model needs; ' if tools else ''}"
             f"--served-model-name {model} to serve a local directory under this name; --port for another port), "
-            f"or set {prefix}base_url to where it runs and {prefix}model to a model it serves")
+            f"or {where}")
 
 
 def unanswered(role: str, model: str, url: str, error: Exception, openai_compatible: bool = True) -> str:
