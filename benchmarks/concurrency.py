@@ -10,11 +10,11 @@ makes while it explores (listings, views, greps), all before the edit: the fix, 
 
     nice -n 10 python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 4] [--turns 20]
 Needs the demo's tasks and images (`make demo`). Per W it prints attempts per minute, over the whole batch and
-steady (W / the mean time an attempt holds its worker: what W busy workers sustain), next to the
-ideal for the delay (W / (turns x delay + work), work: the script's commands and the grader's test run, measured
-alone first; --turns 0: the bare 5-turn script), where an attempt's wall time went (model, tools, grade), the pipeline's own CPU per attempt (this process, plus the containers'
-CPU less that work) and its share of an attempt's wall time, take and container-start latency, memory per live
-sandbox, and infra errors, lost attempts and containers left.
+steady (W / the mean time an attempt holds its worker: what W busy workers sustain), next to the ideal for the
+delay (W / (turns x delay + work), work: the script's commands and the grader's test run, measured alone first;
+--turns 0: the bare 5-turn script), where an attempt's wall time went (model, tools, grade), the pipeline's own
+CPU per attempt (this process, plus the containers' CPU less that work) and its share of an attempt's wall time,
+take and container-start latency, memory per live sandbox, and infra errors, lost attempts and containers left.
 Targets (2 cores): W=32 >= 0.9 of the ideal (steady), no infra error, lost attempt or container left, own time <= 5%
 of an attempt's wall time; W=64 completes.
 """
@@ -275,9 +275,10 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
     return rows
 
 
-HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "CPU ceiling", "own CPU s", "proc s", "cont s", "own/wall",
-          "engine s", "wall s", "model s", "tools s", "grade s", "take p50 ms", "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live",
-          "threads", "fds", "infra", "lost", "left", "warm/cold takes")
+HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "CPU ceiling", "own CPU s",
+          "proc s", "cont s", "own/wall", "engine s", "wall s", "model s", "tools s", "grade s", "take p50 ms",
+          "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live", "threads", "fds", "infra", "lost", "left",
+          "warm/cold takes")
 
 
 def line(r: dict) -> str:
@@ -286,7 +287,8 @@ def line(r: dict) -> str:
     values = (r["width"], r["turns"], r["per_minute"], steady, r["ideal"], r["per_minute"] / r["ideal"],
               None if steady is None else steady / r["ideal"], r["ceiling"],
               r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"], r["wall"],
-              r["model_s"], r["tools_s"], r["grade_s"], r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"], r["start_p99"], r["mem_mib"],
+              r["model_s"], r["tools_s"], r["grade_s"], r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"],
+              r["start_p99"], r["mem_mib"],
               r["live_peak"], r["threads_peak"], r["fds_peak"], r["infra"], r["lost"], r["left"],
               f"{r['warm']}/{r['cold']}")
     return " | ".join("n/a" if v is None else f"{v}" if isinstance(v, (int, str)) else f"{v:.3f}" for v in values)

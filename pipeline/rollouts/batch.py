@@ -59,13 +59,13 @@ class RolloutConfig:
     grade_workers: CountOrZero = 0
     """Grades run at once, each in its own sandbox, beside the attempts: a worker goes on to its next attempt while
     the last one's patch is graded (the grade waits its turn), so the model server keeps `workers` conversations
-    whatever the tests take; 0: one per core of this machine (tests are CPU work: more at once only share the cores,
-    and slow the attempts' own commands); with a remote Docker engine, its cores. Live sandboxes: up to
+    whatever the tests take; 0: one per core this process may run on (tests are CPU work: more at once only share
+    the cores, and slow the attempts' own commands); with a remote Docker engine, its cores. Live sandboxes: up to
     `workers` + this + `pool.size`."""
 
     def graders(self) -> int:
-        """Grades at once: `grade_workers`, else this machine's cores."""
-        return self.grade_workers or os.cpu_count() or 1
+        """Grades at once: `grade_workers`, else the cores this process may run on."""
+        return self.grade_workers or usable_cores()
     infra_retries: CountOrZero = 2
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     stop_after_infra_failures: CountOrZero = 8
@@ -91,6 +91,14 @@ class RolloutConfig:
     def grade_rules(self) -> GradeRules:
         """The one value every grade, re-grade, validation and replay of a run is made under."""
         return GradeRules(self.sandbox, self.test_timeout, self.zero_suspicious)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or a job's cpuset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
