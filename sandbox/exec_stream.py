@@ -33,7 +33,7 @@ def exec_socket(client, exec_id: str) -> socket.socket:
     returned as it is."""
     stream = client.api.exec_start(exec_id, socket=True)
     raw = getattr(stream, "_sock", stream)
-    if not type(raw) is socket.socket:  # a TLS or SSH channel: its state cannot be shared
+    if type(raw) is not socket.socket:  # a TLS or SSH channel: its state cannot be shared
         return raw
     own = raw.dup()
     response = getattr(stream, "_response", None)

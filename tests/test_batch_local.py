@@ -176,12 +176,13 @@ def test_an_empty_patch_is_graded_once_per_task_and_a_regrade_runs_it_again(sand
 
 
 def test_a_worker_starts_its_next_attempt_while_the_last_one_is_graded(tmp_path, monkeypatch):
-    """One worker, one grader, three attempts, tests that take a second: each grade runs beside the next attempt
-    (two sandboxes open at once), where a worker that waited for its grade never had more than one."""
+    """One worker, one grader, three attempts, tests that take two seconds (longer than preparing a sandbox on a
+    loaded machine): each grade runs beside the next attempt (two sandboxes open at once), where a worker that
+    waited for its grade never had more than one."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     repo = make_repo(tmp_path / "calc")
     test = repo / "tests" / "test_calc.py"
-    slow = test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(1)\n")
+    slow = test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(2)\n")
     test.write_text("import time\n" + slow)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
     local, lock, open_now, most = LocalTaskSandboxes(repos={"local/calc": str(repo)}), threading.Lock(), [0], [0]

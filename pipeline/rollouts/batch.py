@@ -62,10 +62,6 @@ class RolloutConfig:
     whatever the tests take; 0: one per core this process may run on (tests are CPU work: more at once only share
     the cores, and slow the attempts' own commands); with a remote Docker engine, its cores. Live sandboxes: up to
     `workers` + this + `pool.size`."""
-
-    def graders(self) -> int:
-        """Grades at once: `grade_workers`, else the cores this process may run on."""
-        return self.grade_workers or usable_cores()
     infra_retries: CountOrZero = 2
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     stop_after_infra_failures: CountOrZero = 8
@@ -91,6 +87,10 @@ class RolloutConfig:
     def grade_rules(self) -> GradeRules:
         """The one value every grade, re-grade, validation and replay of a run is made under."""
         return GradeRules(self.sandbox, self.test_timeout, self.zero_suspicious)
+
+    def graders(self) -> int:
+        """Grades at once: `grade_workers`, else the cores this process may run on."""
+        return self.grade_workers or usable_cores()
 
 
 def usable_cores() -> int:
