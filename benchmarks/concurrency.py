@@ -10,7 +10,8 @@ makes while it explores (listings, views, greps), all before the edit: the fix, 
 
     nice -n 10 python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 4] [--turns 20]
 Needs the demo's tasks and images (`make demo`). Per W it prints attempts per minute, over the whole batch and
-steady (W / the mean time an attempt holds its worker: what W busy workers sustain), next to the ideal for the
+steady (W / the mean time a middle attempt holds its worker, the first and last W left out: what W busy workers
+sustain; the mean hold of all attempts and of the middle ones beside it), next to the ideal for the
 delay (W / (turns x delay + work), work: the script's commands and the grader's test run, measured alone first;
 --turns 0: the bare 5-turn script), where an attempt's wall time went (model, tools, grade), the pipeline's own
 CPU per attempt (this process, plus the containers' CPU less that work) and its share of an attempt's wall time,
@@ -169,7 +170,7 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     jobs = sorted(jobs, key=lambda j: j.sample_index)[:width * rounds]  # round robin over the tasks
     metered = Metered(task_sandbox)
     before, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu()
-    held: list[float] = []  # seconds each attempt held its worker
+    held: list[tuple[float, float]] = []  # (start, seconds) of each attempt's hold on its worker
     with Sampler(metered) as sampler, timed(batch_module, "attempt_job", held):
         folder = Path(tempfile.mkdtemp(prefix=f"w{width}-", dir=out))  # a width asked twice runs twice
         summary = run_batch(jobs, policy, config, folder, f"w{width}", progress=lambda _: None, sandboxes=metered)
@@ -192,6 +193,7 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
         "width": width, "turns": statistics.mean(len(t.steps) for t in trajs), "attempts": n,
         "seconds": summary.seconds,
         "per_minute": n / summary.seconds * 60, "steady": steady_rate(held, width), "ideal": ideal,
+        "hold_s": statistics.mean(s for _, s in held), "hold_middle_s": statistics.mean(middle(held, width)),
         "ceiling": ceiling,
         "own_cpu": own / n, "process_cpu": own_process / n,
         "container_cpu": None if container_own is None else container_own / n,
@@ -212,8 +214,8 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
 
 
 @contextlib.contextmanager
-def timed(module, name: str, seconds: list[float]):
-    """Within the block, each call of `module.name` appends its wall seconds to `seconds`."""
+def timed(module, name: str, spans: list[tuple[float, float]]):
+    """Within the block, each call of `module.name` appends its (start, wall seconds) to `spans`."""
     original = getattr(module, name)
 
     def wrapper(*args, **kwargs):
@@ -221,7 +223,7 @@ def timed(module, name: str, seconds: list[float]):
         try:
             return original(*args, **kwargs)
         finally:
-            seconds.append(time.perf_counter() - start)
+            spans.append((start, time.perf_counter() - start))
 
     setattr(module, name, wrapper)
     try:
@@ -230,11 +232,19 @@ def timed(module, name: str, seconds: list[float]):
         setattr(module, name, original)
 
 
-def steady_rate(held: list[float], width: int) -> float | None:
-    """Attempts a minute that `width` busy workers sustain: width / the mean seconds an attempt holds its worker
-    (its sandbox take and agent loop; the grade runs on a grader thread). The batch's own rate adds the first
-    wave's start and the last wave's stragglers, which a nightly batch of thousands makes a rounding error."""
-    return width / statistics.mean(held) * 60 if held else None
+def middle(spans: list[tuple[float, float]], width: int) -> list[float]:
+    """The seconds of the batch's middle attempts: in start order, all but the first and the last `width` (all
+    when that leaves none). The first wave starts W sandboxes and W conversations at once, whose test runs then
+    land together; the last runs on a machine that empties as its workers finish. Around the middle ones every
+    worker is busy, as around all but a few thousandths of a nightly batch's attempts."""
+    ordered = [seconds for _, seconds in sorted(spans)]
+    return ordered[width:len(ordered) - width] or ordered
+
+
+def steady_rate(spans: list[tuple[float, float]], width: int) -> float | None:
+    """Attempts a minute that `width` busy workers sustain: width / the mean seconds a middle attempt (`middle`)
+    holds its worker (its sandbox take and agent loop; the grade runs on a grader thread): Little's law."""
+    return width / statistics.mean(middle(spans, width)) * 60 if spans else None
 
 
 def why_lost(t) -> str:
@@ -275,7 +285,8 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
     return rows
 
 
-HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "CPU ceiling", "own CPU s",
+HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "hold s (all / middle)",
+          "CPU ceiling", "own CPU s",
           "proc s", "cont s", "own/wall", "engine s", "wall s", "model s", "tools s", "grade s", "take p50 ms",
           "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live", "threads", "fds", "infra", "lost", "left",
           "warm/cold takes")
@@ -285,7 +296,8 @@ def line(r: dict) -> str:
     """One width's figures, in HEADER's order."""
     steady = r["steady"]
     values = (r["width"], r["turns"], r["per_minute"], steady, r["ideal"], r["per_minute"] / r["ideal"],
-              None if steady is None else steady / r["ideal"], r["ceiling"],
+              None if steady is None else steady / r["ideal"], f"{r['hold_s']:.1f} / {r['hold_middle_s']:.1f}",
+              r["ceiling"],
               r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"], r["wall"],
               r["model_s"], r["tools_s"], r["grade_s"], r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"],
               r["start_p99"], r["mem_mib"],

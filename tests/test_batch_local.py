@@ -17,6 +17,7 @@ from pipeline.core.records import Action
 from pipeline.core.records import Guidance, GuidancePlan, Task
 from pipeline.core.layout import probe_batch
 from pipeline.rollouts.rescue import GuidanceConfig, action_plans, probe_job
+from pipeline.rollouts import batch as batch_module
 from pipeline.rollouts.batch import RolloutConfig, plan_jobs, run_batch
 from pipeline.rollouts.sandbox_pool import PoolConfig
 from pipeline.verifier.environment import LocalTaskSandboxes
@@ -206,6 +207,38 @@ def test_a_worker_starts_its_next_attempt_while_the_last_one_is_graded(tmp_path,
     summary = run_batch(jobs, policy, config, tmp_path / "b1", "b1", sandboxes=counted)
     assert [t.resolved for t in summary.trajectories] == [True, True, True]
     assert most[0] == 2
+
+
+def test_attempts_waiting_for_their_grade_are_at_most_the_workers(tmp_path, monkeypatch):
+    """One worker, one grader and four quick attempts whose grades take two seconds: a worker that handed every
+    attempt on at once had all four ended and none stored; bounded, an ended attempt waits for a grade slot."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    repo = make_repo(tmp_path / "calc")
+    test = repo / "tests" / "test_calc.py"
+    test.write_text("import time\n" + test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(2)\n"))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
+    lock, ended, stored, most = threading.Lock(), [0], [0], [0]
+
+    def counting(name: str, counter: list[int]):
+        original = getattr(batch_module, name)
+
+        def wrapper(*args, **kwargs):
+            result = original(*args, **kwargs)
+            with lock:
+                counter[0] += 1
+                most[0] = max(most[0], ended[0] - stored[0])
+            return result
+        monkeypatch.setattr(batch_module, name, wrapper)
+
+    counting("attempt_job", ended)
+    counting("_store", stored)
+    policy, task = HintFollower(), calc_task()
+    config = dataclasses.replace(CONFIG, attempts=4, workers=1, grade_workers=1, pool=PoolConfig(size=0))
+    jobs = plan_jobs([task], policy, config, "b1", {task.instance_id: PLAN})
+    summary = run_batch(jobs, policy, config, tmp_path / "b1", "b1", sandboxes=LocalTaskSandboxes(
+        repos={"local/calc": str(repo)}))
+    assert [t.resolved for t in summary.trajectories] == [True] * 4 and stored[0] == 4
+    assert most[0] <= 2  # one with the grader, one held by its worker waiting for the slot
 
 
 def test_grades_at_once_default_to_the_cores():

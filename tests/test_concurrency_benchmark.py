@@ -106,8 +106,12 @@ def test_a_closed_sandbox_holds_no_file_descriptor(base_image):
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_the_steady_rate_is_the_workers_over_the_time_an_attempt_holds_one():
-    assert steady_rate([40.0, 50.0], 4) == 4 / 45.0 * 60  # four workers, 45 s an attempt: 5.33 a minute
+def test_the_steady_rate_is_the_workers_over_the_time_a_middle_attempt_holds_one():
+    # four workers, 45 s a middle attempt: 5.33 a minute; the first wave (started first) and the last are left out
+    spans = [(0.0, 60.0), (0.1, 60.0), (0.2, 60.0), (0.3, 60.0), (60, 40.0), (60.1, 50.0),
+             (100, 30.0), (101, 30.0), (102, 30.0), (103, 30.0)]
+    assert steady_rate(spans, 4) == 4 / 45.0 * 60
+    assert steady_rate([(0.0, 40.0), (0.1, 50.0)], 4) == 4 / 45.0 * 60  # no middle: every attempt
     assert steady_rate([], 4) is None
 
 
@@ -117,4 +121,4 @@ def test_timed_counts_each_call_and_puts_the_function_back():
     original = module.f
     with timed(module, "f", seconds):
         assert module.f(1) == 2 and module.f(2) == 3
-    assert len(seconds) == 2 and module.f is original
+    assert len(seconds) == 2 and all(start > 0 and took >= 0 for start, took in seconds) and module.f is original

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.synthesis.candidates import generate_candidates
 from pipeline.synthesis.patches import gold_patch
-from pipeline.synthesis.statements import failure_messages_from_log, problem_statement
+from pipeline.synthesis.statements import failure_messages_from_log, problem_statement, trimmed
 
 LIBRARY = '''\
 def partition(n, seq):
@@ -217,3 +217,11 @@ def test_each_synthesized_task_draws_its_own_template(tmp_path):
     tasks = synth_tasks(tmp_path)
     openings = {task.problem_statement.split("\n")[0].split("`")[0] for task in tasks}  # "Bug: ", "Regression in "
     assert len(tasks) >= 6 and len(openings) >= 2, openings
+
+
+def test_object_addresses_are_masked_so_a_task_reads_the_same_in_every_synthesis():
+    first = "assert <Counter object at 0x7f66557b08d0> == 3\nwhere <test_dicttoo...x7f66557b08d0> = f()"
+    second = "assert <Counter object at 0x7fa0113c2e50> == 3\nwhere <test_dicttoo...x7fa0113c2e50> = f()"
+    assert trimmed(first) == trimmed(second) == (
+        "assert <Counter object at 0x…> == 3\nwhere <test_dicttoo...x…> = f()")
+    assert trimmed("expected 0x10 got 0xdeadbeef") == "expected 0x10 got 0x…"  # short numbers stay

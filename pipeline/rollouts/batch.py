@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,7 +62,8 @@ class RolloutConfig:
     the last one's patch is graded (the grade waits its turn), so the model server keeps `workers` conversations
     whatever the tests take; 0: one per core this process may run on (tests are CPU work: more at once only share
     the cores, and slow the attempts' own commands); with a remote Docker engine, its cores. Live sandboxes: up to
-    `workers` + this + `pool.size`."""
+    `workers` + this + `pool.size`. Attempts waiting for their grade are at most `workers`: past that a worker waits
+    too (they are in memory, not yet stored: what a crash would lose)."""
     infra_retries: CountOrZero = 2
     """Retries of an attempt hit by a sandbox, grader or model-server fault."""
     stop_after_infra_failures: CountOrZero = 8
@@ -144,6 +146,7 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
         todo = [j for j in jobs if j.rollout_id not in stored]
         counter = Progress(len(jobs), len(jobs) - len(todo), progress)
         streak = InfraStreak(config.stop_after_infra_failures)
+        ungraded = threading.BoundedSemaphore(config.workers)  # attempts handed to the graders and not yet stored
         with SandboxPool(sandboxes, config.pool) as pool, ThreadPoolExecutor(config.workers) as agents, \
                 ThreadPoolExecutor(config.graders()) as graders:
             pool.expect(batch_order([(j.task, config.sandbox) for j in todo], config.workers))
@@ -155,7 +158,12 @@ def run_batch(jobs: list[Job], policy: Policy, config: RolloutConfig, out_dir: P
 
             def work(job: Job) -> Trajectory | Future[Trajectory]:
                 out = attempt_job(job, policy, config, pool)
-                return graders.submit(finish, job, out) if out.gradable else finish(job, out)
+                if not out.gradable:
+                    return finish(job, out)
+                ungraded.acquire()  # where the grades fall behind, the workers wait for them
+                graded = graders.submit(finish, job, out)
+                graded.add_done_callback(lambda _: ungraded.release())
+                return graded
 
             for traj in streak.watch(agents, work, todo):
                 stored[traj.rollout_id] = traj

@@ -11,9 +11,10 @@ MAX_MESSAGE_LINES = 6
 MAX_LINE_CHARS = 160
 MAX_LISTED_TESTS = 8
 MAX_QUOTED_ERRORS = 2
-TEMPLATES_VERSION = 2
+TEMPLATES_VERSION = 3
 """In the synthesized tasks' cache key (task_cache.py): tasks cached with older texts are made again.
-2: subjects found in the package's source, no longer guessed from the tests' names; a seed per task."""
+2: subjects found in the package's source, no longer guessed from the tests' names; a seed per task.
+3: object addresses in quoted errors masked (a task's text is the same in every synthesis)."""
 
 SUMMARY_LINE = re.compile(r"^(?:FAILED|ERROR) (?P<test>\S+?(?:\[.*?\])?)(?= - |$)(?: - (?P<message>.*))?$")
 SECTION_HEADER = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
@@ -23,6 +24,7 @@ EXCEPTION_NAME = re.compile(r"\b(?P<name>[A-Z]\w*(?:Error|Exception|Warning)|Sto
 SECTION_PREFIX = re.compile(r"^ERROR (?:at (?:setup|teardown) of|collecting) ")
 NOISE = re.compile(r"^\s*(?:Use -v to get|Full diff:|\.\.\.Full output truncated)")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+ADDRESS = re.compile(r"(?:\b0|(?<=\.\.\.))x[0-9a-fA-F]{6,16}\b")  # `<Obj at 0x7f66557b08d0>`, or cut: `<Ob...x7f66557b08d0>`
 
 
 def failure_messages_from_log(log: str) -> dict[str, str]:
@@ -57,8 +59,10 @@ def _error_lines_by_section(log: str) -> dict[str, str]:
 
 
 def trimmed(message: str, patch: str = "") -> str:
-    """At most a few short lines of message, none of them quoting the patch's source lines."""
+    """At most a few short lines of message, none of them quoting the patch's source lines; object addresses
+    masked (they differ in every run of the tests)."""
     quoted = _patch_contents(patch)
+    message = ADDRESS.sub(lambda m: m[0][:m[0].index("x") + 1] + "…", message)
     lines = [line for line in message.strip().splitlines() if line.strip() and not NOISE.match(line)]
     lines = [line for line in lines if not any(q in line for q in quoted)]
     lines = [line if len(line) <= MAX_LINE_CHARS else line[: MAX_LINE_CHARS - 3] + "..." for line in lines]
