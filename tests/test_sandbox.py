@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import secrets
 import threading
 import time
 
@@ -58,14 +59,15 @@ def test_cwd_and_env_persist(sandbox):
 def test_timeout_kills_command_and_keeps_session(sandbox):
     sandbox.run("export KEEP=yes")
     start = time.monotonic()
-    result = sandbox.run("sleep 100 | cat; echo never", timeout=2)
+    seconds = f"100.{secrets.randbelow(10**6):06d}"  # this test's own `sleep`: a host's `ps` lists every other's too
+    result = sandbox.run(f"sleep {seconds} | cat; echo never", timeout=2)
     elapsed = time.monotonic() - start
     assert result.timed_out and "never" not in result.output
     assert elapsed < 6
     # No live `sleep` is left. A killed one may stay a zombie until its new parent reaps it (slowly on a loaded
     # machine), and pgrep counts zombies: a CI run saw one.
-    after = sandbox.run("echo $KEEP; ps -e -o stat=,args= | "
-                        "awk '$1 !~ /^Z/ && /[s]leep 100/ {f = 1} END {print f ? \"alive\" : \"no-sleep\"}'")
+    after = sandbox.run(f"echo $KEEP; ps -e -o stat=,args= | "
+                        f"awk '$1 !~ /^Z/ && /[s]leep {seconds}/ {{f = 1}} END {{print f ? \"alive\" : \"no-sleep\"}}'")
     assert after.output.split() == ["yes", "no-sleep"]
 
 
