@@ -8,7 +8,8 @@ tests, submit), so each attempt does real sandbox work and its grade runs the te
 is 5 turns where a real attempt takes 20-100, so --turns pads it (default 20) with the read-only calls an agent
 makes while it explores (listings, views, greps), all before the edit: the fix, and so the grade, stay the same.
 
-    nice -n 10 python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 4] [--turns 20]
+    python benchmarks/concurrency.py [--widths 4,8,16,32,64] [--delay 2] [--rounds 4] [--turns 20]
+(not under `nice`: niced, the pipeline's threads weigh a tenth of a container's test run, as they never do in use.)
 Needs the demo's tasks and images (`make demo`). Per W it prints attempts per minute, over the whole batch and
 steady (W / the mean time a middle attempt holds its worker, the first and last W left out: what W busy workers
 sustain; the mean hold of all attempts and of the middle ones beside it), next to the ideal for the

@@ -215,7 +215,8 @@ def test_attempts_waiting_for_their_grade_are_at_most_the_workers(tmp_path, monk
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     repo = make_repo(tmp_path / "calc")
     test = repo / "tests" / "test_calc.py"
-    test.write_text("import time\n" + test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(2)\n"))
+    slow = test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(2)\n")
+    test.write_text("import time\n" + slow)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
     lock, ended, stored, most = threading.Lock(), [0], [0], [0]
 

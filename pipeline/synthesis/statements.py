@@ -24,7 +24,8 @@ EXCEPTION_NAME = re.compile(r"\b(?P<name>[A-Z]\w*(?:Error|Exception|Warning)|Sto
 SECTION_PREFIX = re.compile(r"^ERROR (?:at (?:setup|teardown) of|collecting) ")
 NOISE = re.compile(r"^\s*(?:Use -v to get|Full diff:|\.\.\.Full output truncated)")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-ADDRESS = re.compile(r"(?:\b0|(?<=\.\.\.))x[0-9a-fA-F]{6,16}\b")  # `<Obj at 0x7f66557b08d0>`, or cut: `<Ob...x7f66557b08d0>`
+# an object's address: `<Obj at 0x7f66557b08d0>`, or in a repr pytest cut, `<Ob...x7f66557b08d0>`
+ADDRESS = re.compile(r"(?:\b0|(?<=\.\.\.))x[0-9a-fA-F]{6,16}\b")
 
 
 def failure_messages_from_log(log: str) -> dict[str, str]:
