@@ -52,6 +52,16 @@ def make_repo(path):
     return path
 
 
+def slow_repo(path, seconds: int):
+    """`make_repo`'s repository, its test_add taking `seconds` (a grade that outlasts something)."""
+    repo = make_repo(path)
+    test = repo / "tests" / "test_calc.py"
+    slow = test.read_text().replace("def test_add():\n", f"def test_add():\n    time.sleep({seconds})\n")
+    test.write_text("import time\n" + slow)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
+    return repo
+
+
 def calc_task(instance_id: str = "calc__1") -> Task:
     return Task(instance_id=instance_id, repo="demo/calc", base_commit="", patch=GOLD, test_patch="",
                 problem_statement="add(2, 3) returns -1 instead of 5.", FAIL_TO_PASS=TEST_IDS[:1],
@@ -181,11 +191,7 @@ def test_a_worker_starts_its_next_attempt_while_the_last_one_is_graded(tmp_path,
     loaded machine): each grade runs beside the next attempt (two sandboxes open at once), where a worker that
     waited for its grade never had more than one."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
-    repo = make_repo(tmp_path / "calc")
-    test = repo / "tests" / "test_calc.py"
-    slow = test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(2)\n")
-    test.write_text("import time\n" + slow)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
+    repo = slow_repo(tmp_path / "calc", 2)
     local, lock, open_now, most = LocalTaskSandboxes(repos={"local/calc": str(repo)}), threading.Lock(), [0], [0]
 
     @contextlib.contextmanager
@@ -213,11 +219,7 @@ def test_attempts_waiting_for_their_grade_are_at_most_the_workers(tmp_path, monk
     """One worker, one grader and four quick attempts whose grades take two seconds: a worker that handed every
     attempt on at once had all four ended and none stored; bounded, an ended attempt waits for a grade slot."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
-    repo = make_repo(tmp_path / "calc")
-    test = repo / "tests" / "test_calc.py"
-    slow = test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(2)\n")
-    test.write_text("import time\n" + slow)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
+    repo = slow_repo(tmp_path / "calc", 2)
     lock, ended, stored, most = threading.Lock(), [0], [0], [0]
 
     def counting(name: str, counter: list[int]):

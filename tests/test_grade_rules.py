@@ -11,7 +11,7 @@ from pipeline.rollouts.invariants import regrade_sample
 from pipeline.verifier.environment import LocalTaskSandboxes
 from pipeline.verifier.grading import grade
 from sandbox.base import SandboxSpec
-from tests.test_batch_local import GOLD, calc_task, make_repo
+from tests.test_batch_local import GOLD, calc_task, slow_repo
 
 
 def stored(task, patch: str, reward: float):
@@ -20,11 +20,7 @@ def stored(task, patch: str, reward: float):
 
 
 def test_a_regrade_is_made_under_the_rules_the_grade_was(tmp_path):
-    repo = make_repo(tmp_path / "calc")
-    test = repo / "tests" / "test_calc.py"
-    test.write_text("import time\n" + test.read_text().replace("def test_add():\n", "def test_add():\n    time.sleep(3)\n"))
-    import subprocess
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo, check=True)
+    repo = slow_repo(tmp_path / "calc", 3)
     local, seen = LocalTaskSandboxes({"local/calc": str(repo)}), []
 
     @contextlib.contextmanager
