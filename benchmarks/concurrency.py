@@ -47,7 +47,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.concurrency_meters import Metered, Sampler, container_cpu, engine_cpu  # noqa: E402
+from benchmarks.concurrency_meters import (Metered, Sampler, container_cpu, engine_cpu, machine_cpu,  # noqa: E402
+                                          process_cpu)
 from pipeline.agent.loop import AgentConfig, unguided_prompt  # noqa: E402
 from pipeline.agent.openai_policy import OpenAIPolicy, OpenAIPolicyConfig  # noqa: E402
 from pipeline.agent.tools import execute  # noqa: E402
@@ -161,7 +162,7 @@ def package(instance_id: str) -> str:
 
 def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int, delay: float, base_url: str,
               out: Path, pool_size: int | None = None, agent: AgentConfig = AgentConfig(),
-              grade_workers: int = 0) -> dict:
+              grade_workers: int = 0, server_pid: int | None = None) -> dict:
     """One batch of width x rounds attempts, `width` at once; its figures."""
     config = RolloutConfig(attempts=math.ceil(width * rounds / len(tasks)), workers=width, agent=agent,
                            grade_workers=grade_workers,
@@ -170,12 +171,14 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     jobs = plan_jobs(tasks, policy, config, f"w{width}")
     jobs = sorted(jobs, key=lambda j: j.sample_index)[:width * rounds]  # round robin over the tasks
     metered = Metered(task_sandbox)
-    before, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu()
+    before, engine, machine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu(), machine_cpu()
+    server = process_cpu(server_pid) if server_pid else None
     held: list[tuple[float, float]] = []  # (start, seconds) of each attempt's hold on its worker
     with Sampler(metered) as sampler, timed(batch_module, "attempt_job", held):
         folder = Path(tempfile.mkdtemp(prefix=f"w{width}-", dir=out))  # a width asked twice runs twice
         summary = run_batch(jobs, policy, config, folder, f"w{width}", progress=lambda _: None, sandboxes=metered)
-    after, engine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine
+    after, engine, machine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine, machine_cpu() - machine
+    server = process_cpu(server_pid) - server if server_pid else None
     trajs = summary.trajectories
     n = len(jobs)
     own_process = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) - sampler.cpu
@@ -199,9 +202,12 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
         "own_cpu": own / n, "process_cpu": own_process / n,
         "container_cpu": None if container_own is None else container_own / n,
         "share": own / n / statistics.mean(walls), "engine_cpu": engine / n, "wall": statistics.mean(walls),
+        "server_cpu": None if server is None else server / n, "machine_cpu": machine / n,
+        "busy": machine / summary.seconds,
         "model_s": statistics.mean(sum(s.policy_latency for s in t.steps) for t in trajs),
         "tools_s": statistics.mean(sum(s.tool_time for s in t.steps) for t in trajs),
         "grade_s": statistics.mean(t.grade_time for t in trajs),
+        "outside_s": statistics.mean(s for _, s in held) - statistics.mean(t.wall_time for t in trajs),
         "take_p50": summary.pool["pool_take_median_ms"] / 1000,
         "take_p99": summary.pool["pool_take_p99_ms"] / 1000,
         "start_p50": percentile(metered.starts, 50), "start_p99": percentile(metered.starts, 99),
@@ -276,7 +282,7 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
             rows = []
             for width in widths:
                 rows.append(run_width(tasks, work, width, rounds, delay, base_url, Path(tmp), pool_size,
-                                      agent, grade_workers))
+                                      agent, grade_workers, server.pid))
                 report(line(rows[-1]))
                 for why in rows[-1]["why_lost"]:
                     report(f"  not resolved: {why}")
@@ -288,7 +294,8 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
 
 HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "hold s (all / middle)",
           "CPU ceiling", "own CPU s",
-          "proc s", "cont s", "own/wall", "engine s", "wall s", "model s", "tools s", "grade s", "take p50 ms",
+          "proc s", "cont s", "own/wall", "engine s", "server s", "machine s", "busy cores", "wall s", "model s",
+          "tools s", "grade s", "hold outside the loop s", "take p50 ms",
           "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live", "threads", "fds", "infra", "lost", "left",
           "warm/cold takes")
 
@@ -299,9 +306,10 @@ def line(r: dict) -> str:
     values = (r["width"], r["turns"], r["per_minute"], steady, r["ideal"], r["per_minute"] / r["ideal"],
               None if steady is None else steady / r["ideal"], f"{r['hold_s']:.1f} / {r['hold_middle_s']:.1f}",
               r["ceiling"],
-              r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"], r["wall"],
-              r["model_s"], r["tools_s"], r["grade_s"], r["take_p50"] * 1000, r["take_p99"] * 1000, r["start_p50"],
-              r["start_p99"], r["mem_mib"],
+              r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"],
+              r["server_cpu"], r["machine_cpu"], r["busy"], r["wall"],
+              r["model_s"], r["tools_s"], r["grade_s"], r["outside_s"], r["take_p50"] * 1000, r["take_p99"] * 1000,
+              r["start_p50"], r["start_p99"], r["mem_mib"],
               r["live_peak"], r["threads_peak"], r["fds_peak"], r["infra"], r["lost"], r["left"],
               f"{r['warm']}/{r['cold']}")
     return " | ".join("n/a" if v is None else f"{v}" if isinstance(v, (int, str)) else f"{v:.3f}" for v in values)

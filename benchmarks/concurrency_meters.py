@@ -49,16 +49,32 @@ ENGINE = ("dockerd", "containerd")
 
 def engine_cpu() -> float:
     """CPU seconds the Docker engine's daemons (dockerd, containerd) used so far, whoever asked them."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    total = 0.0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            name, seconds = _stat(pid)
         except OSError:
             continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if name in ENGINE:
-            total += (int(fields[11]) + int(fields[12])) / tick
+        total += seconds if name in ENGINE else 0.0
     return total
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds process `pid` (all its threads) used so far."""
+    return _stat(pid)[1]
+
+
+def _stat(pid: int | str) -> tuple[str, float]:
+    """(name, CPU seconds so far) of a process, from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> float:
+    """CPU seconds every core of the machine was busy so far (/proc/stat: all but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
 
 
 class Metered:

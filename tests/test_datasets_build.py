@@ -374,7 +374,9 @@ def test_an_update_dedups_against_the_keys_of_its_own_tasks_only(tmp_path):
     update_datasets(data, out, DatasetConfig())
     built = {kind: pl.read_parquet(out / kind / "b1.parquet", columns=keys) for kind, keys in build.SEEN_KEYS.items()}
     assert {kind: set(frame["instance_id"]) for kind, frame in built.items()} == dict.fromkeys(built, {"t1", "t9"})
-    seen = build._seen(out, ["b1"], pl.Series(["t9", "t5"]))
+    keys = build._Keys(out)
+    keys.add("b1")
+    seen = keys.of(pl.Series(["t9", "t5"]))
     assert {kind: frame.rows() for kind, frame in seen.items()} == {
         kind: frame.filter(pl.col("instance_id") == "t9").rows() for kind, frame in built.items()}
 

@@ -18,10 +18,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Iterable, Mapping
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.datasets.files import BadTrajectoryFile, SkippedFile, TaskRuns, append_rows, instance_ids, rows_writer
 from pipeline.datasets.divergence import divergence_rows
@@ -40,8 +41,8 @@ BUILDER_VERSION = "6"  # bump when a rule changes: every batch is rebuilt (6: th
 SCHEMAS = {"dpo": DPO_SCHEMA, "dpo_divergence": DPO_DIVERGENCE_SCHEMA, "actguide": ACTGUIDE_SCHEMA, "sft": SFT_SCHEMA}
 EXPORT_ONLY = ("dpo_pair_at",)  # settings that choose what the export holds, never what a row is
 SEEN_KEYS = {"dpo": ["instance_id", "chosen_hash", "rejected_hash"], "sft": ["instance_id", "completion_hash"]}
-T, U = TypeVar("T"), TypeVar("U")
 CHUNK = 1000  # trajectories built at once (runs read, built and written at once: 2000 made RSS grow with batches)
+WRITERS = 2  # shards encoded at once: each holds a row group's pages and dictionaries (~50 MiB); two fill two cores
 
 
 @dataclass
@@ -144,11 +145,21 @@ def shard(out_dir: str | os.PathLike, kind: str, batch: str) -> Path:
     return Path(out_dir) / kind / f"{batch}.parquet"
 
 
-def _seen(out_dir: Path, batches: list[str], tasks: pl.Series) -> dict[str, pl.DataFrame]:
-    """The dedup keys of `tasks` in the rows of `batches` (built); a key holds its instance id: no other can match."""
-    mine = pl.col("instance_id").is_in(tasks.implode())
-    return {kind: pl.concat([pl.scan_parquet(shard(out_dir, kind, b)).select(keys).filter(mine).collect()
-                             for b in batches]) for kind, keys in SEEN_KEYS.items() if batches}
+class _Keys:
+    """The dedup keys (SEEN_KEYS) of the batches built or reused so far in one update, each shard's read once."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.frames = out_dir, {kind: [] for kind in SEEN_KEYS}
+
+    def add(self, batch: str) -> None:
+        for kind, keys in SEEN_KEYS.items():  # ParquetFile on one thread: a scan of every shard held ~40 MiB more
+            table = pq.ParquetFile(shard(self.out_dir, kind, batch)).read(columns=keys, use_threads=False)
+            self.frames[kind].append(pl.from_arrow(table))
+
+    def of(self, tasks: pl.Series) -> dict[str, pl.DataFrame]:
+        """The keys of `tasks`; a key holds its instance id: no other task's can match."""
+        mine = pl.col("instance_id").is_in(tasks.implode())
+        return {kind: pl.concat(frames).filter(mine) for kind, frames in self.frames.items() if frames}
 
 
 def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, config: DatasetConfig,
@@ -165,7 +176,7 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
     manifest = {"fingerprint": fingerprint, "config": dataclasses.asdict(config), "token_counter": counter_name,
                 "batches": {}}
     layout = Layout(data_dir)
-    report, names = BuildReport(token_counter=counter_name), layout.batch_names()
+    report, names, keys = BuildReport(token_counter=counter_name), layout.batch_names(), _Keys(out_dir)
     for i, name in enumerate(names):
         files = layout.batch_files(name, config.include_probes)
         entry = old.get(name)
@@ -174,10 +185,12 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
                 and entry.get("left_out", []) == sorted(set(left_out) & set(entry["instance_ids"]))):
             manifest["batches"][name] = entry
             report.reused.append(name)
+            keys.add(name)
             continue
         manifest["batches"][name] = _build_batch(data_dir, out_dir, name, names[:i], files, config, gold,
-                                                 task_groups, count, left_out)
+                                                 task_groups, count, left_out, keys)
         report.built.append(name)
+        keys.add(name)
         write_manifest(out_dir, manifest)  # a killed update keeps the batches it finished
     for name in sorted(set(previous) - set(names)):
         for kind in SCHEMAS:
@@ -194,12 +207,12 @@ def update_datasets(data_dir: str | os.PathLike, out_dir: str | os.PathLike, con
 
 def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], files: list[Path],
                  config: DatasetConfig, gold: dict[str, str] | None, task_groups: Mapping[str, str] | None,
-                 count: Counter, left_out: Mapping[str, str]) -> dict:
+                 count: Counter, left_out: Mapping[str, str], keys: _Keys) -> dict:
     """Build one batch's shards, a run of tasks at a time; its manifest entry. A file found bad only
     while streaming is left out by building the batch again without it (`skip_bad_files`), else raised."""
     inputs = stamps(files, data_dir)  # before reading: a file rewritten meanwhile is rebuilt next time
     ids, skipped = instance_ids(files, config.skip_bad_files)
-    seen = _seen(out_dir, before, pl.concat([pl.Series([], dtype=pl.String), *ids.values()]).unique())
+    seen = keys.of(pl.concat([pl.Series([], dtype=pl.String), *ids.values()]).unique())
     while True:
         runs = task_chunks(pl.DataFrame({"instance_id": pl.concat([pl.Series([], dtype=pl.String), *ids.values()])}))
         stream = TaskRuns(ids, runs)
@@ -208,7 +221,7 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
             return prepared(stream.rows(run), config, count, gold, task_groups, left_out)
 
         try:
-            parts = _ahead(ready, lambda p: rows_of(p, config, gold, seen, count), len(runs))
+            parts = (rows_of(ready(run), config, gold, seen, count) for run in range(len(runs)))
             rows, dropped, groups, checks = _write_shards(out_dir, name, parts)
             break
         except BadTrajectoryFile as exc:
@@ -224,16 +237,6 @@ def _build_batch(data_dir: Path, out_dir: Path, name: str, before: list[str], fi
             "skipped": [dataclasses.asdict(s) for s in skipped]}
 
 
-def _ahead(make: Callable[[int], T], then: Callable[[T], U], n: int) -> Iterator[U]:
-    """then(make(i)) in order, make(i + 1) in a thread once it is done (beside then(), a third run was held)."""
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(make, 0) if n else None
-        for i in range(n):
-            done = then(future.result())
-            future = pool.submit(make, i + 1) if i + 1 < n else None
-            yield done
-
-
 def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]:
     """Instance ids in name order, in runs of about `size` trajectories (a task is never cut): rows
     are made per task, so building run by run gives the rows of one build, in the same order."""
@@ -245,12 +248,13 @@ def task_chunks(frame: pl.DataFrame, size: int | None = None) -> list[list[str]]
 def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
                   ) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
     """Append each part's rows to the batch's shard of each kind (temporary names, renamed at the end);
-    a part is written while the next is built. Returns the row counts and the summed leftovers, groups
+    a part is written before the next is made (the writers' buffers beside the next run's reading held
+    ~90 MiB more from a batch of two runs on). Returns the row counts and the summed leftovers, groups
     and checks."""
     paths = {kind: shard(out_dir, kind, batch) for kind in SCHEMAS}
     tmps = {kind: _temporary(path) for kind, path in paths.items()}
     writers = {kind: rows_writer(tmps[kind], schema) for kind, schema in SCHEMAS.items()}
-    rows, dropped, groups, checks, pending = dict.fromkeys(SCHEMAS, 0), {}, {}, {}, []
+    rows, dropped, groups, checks = dict.fromkeys(SCHEMAS, 0), {}, {}, {}
 
     def append(kind: str, part: BatchRows) -> None:
         table = rows_table(getattr(part, kind), SCHEMAS[kind])
@@ -258,18 +262,15 @@ def _write_shards(out_dir: Path, batch: str, parts: Iterable[BatchRows]
             append_rows(writers[kind], table)
 
     try:
-        with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # Arrow encodes and compresses without the GIL
+        with ThreadPoolExecutor(WRITERS) as pool:  # Arrow encodes and compresses without the GIL
             for part in parts:
-                for done in pending:
+                for done in [pool.submit(append, kind, part) for kind in SCHEMAS]:
                     done.result()
-                pending = [pool.submit(append, kind, part) for kind in SCHEMAS]
                 for kind in SCHEMAS:
                     rows[kind] += getattr(part, kind).height
                 for total, counts in ((dropped, part.dropped), (groups, part.groups), (checks, part.checks)):
                     for key, value in counts.items():
                         total[key] = total.get(key, 0) + value
-            for done in pending:
-                done.result()
         for kind, writer in writers.items():
             writer.close()
             os.chmod(tmps[kind], 0o644)
