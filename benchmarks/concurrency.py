@@ -102,6 +102,11 @@ def padded_actions(task: Task, turns: int) -> list[dict]:
             *actions[at:]]
 
 
+def test_turn(task: Task, turns: int) -> int:
+    """The index of the script's turn that runs the tests (the agent's own test run)."""
+    return next(i for i, a in enumerate(padded_actions(task, turns)) if task.test_cmd in a["args"].get("command", ""))
+
+
 def scripts(tasks: list[Task], agent: AgentConfig, turns: int) -> dict[str, list[dict]]:
     """Each task's script (`padded_actions`), keyed by the prompt the policy sends for it."""
     return {prompt_key(unguided_prompt(t, agent)[1]["content"]): padded_actions(t, turns) for t in tasks}
@@ -162,7 +167,7 @@ def package(instance_id: str) -> str:
 
 def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int, delay: float, base_url: str,
               out: Path, pool_size: int | None = None, agent: AgentConfig = AgentConfig(),
-              grade_workers: int = 0, server_pid: int | None = None) -> dict:
+              grade_workers: int = 0, server_pid: int | None = None, turns: int = 20) -> dict:
     """One batch of width x rounds attempts, `width` at once; its figures."""
     config = RolloutConfig(attempts=math.ceil(width * rounds / len(tasks)), workers=width, agent=agent,
                            grade_workers=grade_workers,
@@ -180,6 +185,7 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     after, engine, machine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine, machine_cpu() - machine
     server = process_cpu(server_pid) - server if server_pid else None
     trajs = summary.trajectories
+    tasks_by_id = {t.instance_id: t for t in tasks}
     n = len(jobs)
     own_process = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) - sampler.cpu
     by_task = [work[package(t.instance_id)] for t in trajs]
@@ -206,6 +212,7 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
         "busy": machine / summary.seconds,
         "model_s": statistics.mean(sum(s.policy_latency for s in t.steps) for t in trajs),
         "tools_s": statistics.mean(sum(s.tool_time for s in t.steps) for t in trajs),
+        "test_turn_s": statistics.mean(t.steps[test_turn(tasks_by_id[t.instance_id], turns)].tool_time for t in trajs),
         "grade_s": statistics.mean(t.grade_time for t in trajs),
         "outside_s": statistics.mean(s for _, s in held) - statistics.mean(t.wall_time for t in trajs),
         "take_p50": summary.pool["pool_take_median_ms"] / 1000,
@@ -282,7 +289,7 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
             rows = []
             for width in widths:
                 rows.append(run_width(tasks, work, width, rounds, delay, base_url, Path(tmp), pool_size,
-                                      agent, grade_workers, server.pid))
+                                      agent, grade_workers, server.pid, turns))
                 report(line(rows[-1]))
                 for why in rows[-1]["why_lost"]:
                     report(f"  not resolved: {why}")
@@ -295,7 +302,7 @@ def measure(tasks: list[Task], widths: list[int], delay: float, rounds: int, poo
 HEADER = ("W", "turns", "att/min", "steady att/min", "ideal", "ratio", "steady ratio", "hold s (all / middle)",
           "CPU ceiling", "own CPU s",
           "proc s", "cont s", "own/wall", "engine s", "server s", "machine s", "busy cores", "wall s", "model s",
-          "tools s", "grade s", "hold outside the loop s", "take p50 ms",
+          "tools s", "of it the test turn s", "grade s", "hold outside the loop s", "take p50 ms",
           "take p99 ms", "start p50 s", "start p99 s", "MiB/sbx", "live", "threads", "fds", "infra", "lost", "left",
           "warm/cold takes")
 
@@ -308,7 +315,8 @@ def line(r: dict) -> str:
               r["ceiling"],
               r["own_cpu"], r["process_cpu"], r["container_cpu"], r["share"], r["engine_cpu"],
               r["server_cpu"], r["machine_cpu"], r["busy"], r["wall"],
-              r["model_s"], r["tools_s"], r["grade_s"], r["outside_s"], r["take_p50"] * 1000, r["take_p99"] * 1000,
+              r["model_s"], r["tools_s"], r["test_turn_s"], r["grade_s"], r["outside_s"],
+              r["take_p50"] * 1000, r["take_p99"] * 1000,
               r["start_p50"], r["start_p99"], r["mem_mib"],
               r["live_peak"], r["threads_peak"], r["fds_peak"], r["infra"], r["lost"], r["left"],
               f"{r['warm']}/{r['cold']}")
