@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,13 +179,14 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     metered = Metered(task_sandbox)
     before, engine, machine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu(), machine_cpu()
     server = process_cpu(server_pid) if server_pid else None
-    held: list[tuple[float, float]] = []  # (start, seconds) of each attempt's hold on its worker
-    with Sampler(metered) as sampler, timed(batch_module, "attempt_job", held):
+    calls: list[tuple[float, float, int]] = []  # (start, seconds, thread) of each attempt's agent half
+    with Sampler(metered) as sampler, timed(batch_module, "attempt_job", calls):
         folder = Path(tempfile.mkdtemp(prefix=f"w{width}-", dir=out))  # a width asked twice runs twice
         summary = run_batch(jobs, policy, config, folder, f"w{width}", progress=lambda _: None, sandboxes=metered)
     after, engine, machine = resource.getrusage(resource.RUSAGE_SELF), engine_cpu() - engine, machine_cpu() - machine
     server = process_cpu(server_pid) - server if server_pid else None
     trajs = summary.trajectories
+    held = holds(calls)
     tasks_by_id = {t.instance_id: t for t in tasks}
     n = len(jobs)
     own_process = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) - sampler.cpu
@@ -228,8 +230,8 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
 
 
 @contextlib.contextmanager
-def timed(module, name: str, spans: list[tuple[float, float]]):
-    """Within the block, each call of `module.name` appends its (start, wall seconds) to `spans`."""
+def timed(module, name: str, spans: list[tuple[float, float, int]]):
+    """Within the block, each call of `module.name` appends its (start, wall seconds, thread) to `spans`."""
     original = getattr(module, name)
 
     def wrapper(*args, **kwargs):
@@ -237,13 +239,27 @@ def timed(module, name: str, spans: list[tuple[float, float]]):
         try:
             return original(*args, **kwargs)
         finally:
-            spans.append((start, time.perf_counter() - start))
+            spans.append((start, time.perf_counter() - start, threading.get_ident()))
 
     setattr(module, name, wrapper)
     try:
         yield
     finally:
         setattr(module, name, original)
+
+
+def holds(calls: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """(start, seconds) of each attempt's hold on its worker: from its start to its worker's next attempt's (what
+    the worker did in between counts: handing the patch to a grader, or waiting while the grades are behind), its
+    own length for a worker's last attempt."""
+    by_thread: dict[int, list[tuple[float, float]]] = {}
+    for start, seconds, thread in sorted(calls):
+        by_thread.setdefault(thread, []).append((start, seconds))
+    held = []
+    for spans in by_thread.values():
+        ends = [start for start, _ in spans[1:]] + [spans[-1][0] + spans[-1][1]]
+        held += [(start, end - start) for (start, _), end in zip(spans, ends)]
+    return sorted(held)
 
 
 def middle(spans: list[tuple[float, float]], width: int) -> list[float]:
@@ -257,7 +273,8 @@ def middle(spans: list[tuple[float, float]], width: int) -> list[float]:
 
 def steady_rate(spans: list[tuple[float, float]], width: int) -> float | None:
     """Attempts a minute that `width` busy workers sustain: width / the mean seconds a middle attempt (`middle`)
-    holds its worker (its sandbox take and agent loop; the grade runs on a grader thread): Little's law."""
+    holds its worker (`holds`: its sandbox take, its agent loop and its hand-off to a grader; the grade
+    runs on a grader thread): Little's law."""
     return width / statistics.mean(middle(spans, width)) * 60 if spans else None
 
 

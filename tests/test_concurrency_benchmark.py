@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 
 import pytest
 
-from benchmarks.concurrency import exploring, measure, padded_actions, prompt_key, scripts, steady_rate, timed
+from benchmarks.concurrency import (exploring, holds, measure, padded_actions, prompt_key, scripts, steady_rate,
+                                    timed)
 from pipeline.agent.loop import AgentConfig, unguided_prompt
 from pipeline.agent.tools import execute
 from pipeline.guidance.expert import expert_actions
@@ -121,4 +123,13 @@ def test_timed_counts_each_call_and_puts_the_function_back():
     original = module.f
     with timed(module, "f", seconds):
         assert module.f(1) == 2 and module.f(2) == 3
-    assert len(seconds) == 2 and all(start > 0 and took >= 0 for start, took in seconds) and module.f is original
+    assert len(seconds) == 2 and module.f is original
+    assert all(start > 0 and took >= 0 and thread == threading.get_ident() for start, took, thread in seconds)
+
+
+def test_a_hold_lasts_until_its_workers_next_attempt_starts():
+    # worker 1 waited 2 s after its first attempt (its grades behind) and 13 s after its second; a last attempt
+    # holds its worker for its own length
+    calls = [(12.0, 5.0, 1), (0.0, 10.0, 1), (0.5, 3.0, 2), (30.0, 4.0, 1)]
+    assert holds(calls) == [(0.0, 12.0), (0.5, 3.0), (12.0, 18.0), (30.0, 4.0)]
+    assert holds([]) == []
