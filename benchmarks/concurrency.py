@@ -187,7 +187,7 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
     server = process_cpu(server_pid) - server if server_pid else None
     trajs = summary.trajectories
     held = holds(calls)
-    tasks_by_id = {t.instance_id: t for t in tasks}
+    test_turns = {t.instance_id: test_turn(t, turns) for t in tasks}  # each task's script, padded once
     n = len(jobs)
     own_process = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) - sampler.cpu
     by_task = [work[package(t.instance_id)] for t in trajs]
@@ -214,8 +214,8 @@ def run_width(tasks: list[Task], work: dict[str, Work], width: int, rounds: int,
         "busy": machine / summary.seconds,
         "model_s": statistics.mean(sum(s.policy_latency for s in t.steps) for t in trajs),
         "tools_s": statistics.mean(sum(s.tool_time for s in t.steps) for t in trajs),
-        "test_turn_s": statistics.mean([t.steps[i].tool_time for t in trajs  # an attempt cut short has none
-                                        if len(t.steps) > (i := test_turn(tasks_by_id[t.instance_id], turns))] or [0.0]),
+        "test_turn_s": statistics.mean([t.steps[test_turns[t.instance_id]].tool_time for t in trajs
+                                        if len(t.steps) > test_turns[t.instance_id]] or [0.0]),  # cut short: none
         "grade_s": statistics.mean(t.grade_time for t in trajs),
         "outside_s": statistics.mean(s for _, s in held) - statistics.mean(t.wall_time for t in trajs),
         "take_p50": summary.pool["pool_take_median_ms"] / 1000,
